@@ -1,0 +1,127 @@
+"""Session-scoped real services and per-test isolation.
+
+The broker and database are chosen in this order:
+1. ``STOVEPIPE_KAFKA_BOOTSTRAP`` / ``STOVEPIPE_POSTGRES_DSN`` when set;
+2. testcontainers, when a Docker engine answers;
+3. the local stack (``stovepipe dev up``), started on demand.
+
+Every test gets its own topic-name prefix and its own PostgreSQL schema, so tests can
+run in any order and never see each other's data.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from streams import settings as settings_mod
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        client = docker.from_env(timeout=3)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+class _Services:
+    def __init__(self) -> None:
+        self.kafka_bootstrap: str | None = os.environ.get(settings_mod.ENV_KAFKA_BOOTSTRAP) or None
+        self.postgres_dsn: str | None = os.environ.get(settings_mod.ENV_POSTGRES_DSN) or None
+        self._containers: list[object] = []
+        self._resolved = False
+
+    def resolve(self) -> None:
+        if self._resolved:
+            return
+        self._resolved = True
+        if self.kafka_bootstrap and self.postgres_dsn:
+            return
+        if os.environ.get("STOVEPIPE_TESTS_NO_DOCKER") != "1" and _docker_answers():
+            self._start_containers()
+            return
+        from streams.devstack import ensure_up
+
+        stack = ensure_up(settings_mod.load_settings(), quiet=True)
+        self.kafka_bootstrap = self.kafka_bootstrap or stack.kafka_bootstrap
+        self.postgres_dsn = self.postgres_dsn or stack.postgres_dsn
+
+    def _start_containers(self) -> None:
+        if not self.kafka_bootstrap:
+            from testcontainers.kafka import KafkaContainer
+
+            kafka = KafkaContainer("apache/kafka:4.1.1").with_kraft()
+            kafka.start()
+            self._containers.append(kafka)
+            self.kafka_bootstrap = kafka.get_bootstrap_server()
+        if not self.postgres_dsn:
+            from testcontainers.postgres import PostgresContainer
+
+            pg = PostgresContainer("postgres:15", username="stovepipe", password="stovepipe",
+                                   dbname="stovepipe", driver=None)
+            pg.start()
+            self._containers.append(pg)
+            self.postgres_dsn = pg.get_connection_url()
+
+    def stop(self) -> None:
+        for container in reversed(self._containers):
+            container.stop()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[_Services]:
+    svc = _Services()
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(services: _Services) -> str:
+    services.resolve()
+    assert services.kafka_bootstrap
+    return services.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(services: _Services) -> str:
+    services.resolve()
+    assert services.postgres_dsn
+    return services.postgres_dsn
+
+
+@pytest.fixture
+def topic_prefix() -> str:
+    """A prefix no other test uses, so each test has its own topics."""
+    return f"t{uuid.uuid4().hex[:10]}."
+
+
+@pytest.fixture
+def schema_dsn(postgres_dsn: str) -> Iterator[str]:
+    """A DSN whose search_path is a fresh, empty schema dropped after the test."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    try:
+        yield make_conninfo(postgres_dsn, options=f"-c search_path={schema}")
+    finally:
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture
+def migrated_dsn(schema_dsn: str) -> str:
+    """`schema_dsn` with every migration applied."""
+    from store.migrations import migrate
+
+    migrate(schema_dsn)
+    return schema_dsn
