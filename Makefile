@@ -1,0 +1,68 @@
+# Stovepipe — every command a newcomer needs. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@grep -hE '^[a-z][a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+	  awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+.PHONY: venv
+venv: $(STAMP) ## Create .venv and install Stovepipe with its dev tools
+
+.PHONY: system-deps
+system-deps: ## Install PostgreSQL from Debian's packages when missing (needs root)
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; then \
+	  echo "postgresql: present"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+	else \
+	  echo "PostgreSQL binaries are missing: run 'sudo apt-get update && sudo apt-get install -y postgresql'" >&2; exit 1; \
+	fi
+	@command -v java >/dev/null || { echo "java (17+) is missing: apt-get install -y openjdk-17-jre-headless" >&2; exit 1; }
+	@command -v mvn >/dev/null || { echo "mvn is missing: apt-get install -y maven" >&2; exit 1; }
+
+.PHONY: up
+up: venv system-deps ## Start the local Kafka + PostgreSQL stack (idempotent)
+	$(BIN)/stovepipe dev up
+
+.PHONY: down
+down: venv ## Stop the local stack
+	$(BIN)/stovepipe dev down
+
+.PHONY: status
+status: venv ## Health of the local stack (non-zero when unhealthy)
+	$(BIN)/stovepipe dev status
+
+.PHONY: run
+run: up ## Bring up the stack, migrate the database, create the topics
+	$(BIN)/stovepipe db migrate
+	$(BIN)/stovepipe topics create
+
+.PHONY: lint
+lint: venv ## ruff and mypy
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+.PHONY: proto
+proto: venv ## Regenerate contract/pb from the .proto files
+	$(BIN)/python -m contract.generate
+
+.PHONY: test
+test: venv system-deps lint ## Lint, start what the tests need, run every test
+	$(BIN)/pytest
+
+.PHONY: bench
+bench: up ## Run the benchmarks (prints figures)
+	@for b in bench/*.py; do [ -e "$$b" ] && $(BIN)/python "$$b"; done; true
