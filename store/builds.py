@@ -1,0 +1,106 @@
+"""BuildStore: runs of a queue's build runner, keyed by the runner-minted build id."""
+
+from __future__ import annotations
+
+from store._base import Row, Store
+from store.entities import Build, BuildStatus
+from store.errors import AlreadyExists, AmbiguousKey, InvariantViolation, NotFound
+
+_COLUMNS = "queue, id, request_id, status, version, created_at, updated_at"
+_VERSION = "SELECT version FROM build WHERE queue = %(queue)s AND id = %(id)s"
+_INSERT = (
+    "INSERT INTO build (queue, id, request_id) VALUES (%(queue)s, %(id)s, %(request_id)s)"
+    f" ON CONFLICT (queue, id) DO NOTHING RETURNING {_COLUMNS}"
+)
+
+
+def _build(row: Row) -> Build:
+    return Build(**{**row, "status": BuildStatus(row["status"])})
+
+
+class BuildStore(Store):
+    entity = "build"
+
+    async def get(self, queue: str, build_id: str) -> Build:
+        """The build; NotFound if absent."""
+        return _build(
+            await self._get_row(
+                f"SELECT {_COLUMNS} FROM build WHERE queue = %(queue)s AND id = %(id)s",
+                {"queue": queue, "id": build_id},
+                key={"queue": queue, "id": build_id},
+            )
+        )
+
+    async def get_by_id(self, build_id: str) -> Build:
+        """The build with this id in whichever queue holds it (an index lookup), for
+        callers that have no queue name. Build ids are minted per queue's runner, so two
+        queues could mint the same one: then AmbiguousKey (pass the queue to `get`)."""
+        rows = await self._fetch_all(
+            f"SELECT {_COLUMNS} FROM build WHERE id = %(id)s LIMIT 2",
+            {"id": build_id},
+            key={"id": build_id},
+        )
+        if not rows:
+            raise NotFound(self.entity, {"id": build_id})
+        if len(rows) > 1:
+            raise AmbiguousKey(self.entity, {"id": build_id}, len(rows))
+        return _build(rows[0])
+
+    async def create(self, queue: str, build_id: str, request_id: str) -> Build:
+        """A new build in `accepted` for the request; AlreadyExists if the id is taken,
+        NotFound if the request does not exist."""
+        return _build(
+            await self._insert(
+                _INSERT,
+                {"queue": queue, "id": build_id, "request_id": request_id},
+                key={"queue": queue, "id": build_id},
+                request_key={"queue": queue, "id": request_id},
+            )
+        )
+
+    async def get_or_create(self, queue: str, build_id: str, request_id: str) -> Build:
+        """Like `create`, but an existing build of the same request is returned as is (a
+        redelivered build message). AlreadyExists if the id belongs to another request."""
+        key = {"queue": queue, "id": build_id}
+        row = await self._fetch_one(
+            _INSERT,
+            {**key, "request_id": request_id},
+            key=key,
+            request_key={"queue": queue, "id": request_id},
+        )
+        build = _build(row) if row is not None else await self.get(queue, build_id)
+        if build.request_id != request_id:
+            raise AlreadyExists(self.entity, key)
+        return build
+
+    async def list_for_request(self, queue: str, request_id: str) -> list[Build]:
+        """Every build started for the request, oldest first."""
+        rows = await self._fetch_all(
+            f"SELECT {_COLUMNS} FROM build"
+            " WHERE queue = %(queue)s AND request_id = %(request_id)s ORDER BY created_at, id",
+            {"queue": queue, "request_id": request_id},
+            key={"queue": queue, "request_id": request_id},
+        )
+        return [_build(row) for row in rows]
+
+    async def set_status(self, build: Build, status: BuildStatus) -> Build:
+        """CAS the build's status. A terminal status is write-once: changing it raises
+        InvariantViolation (the caller ignores a later poll that disagrees)."""
+        key = {"queue": build.queue, "id": build.id}
+        if build.status.is_terminal and status != build.status:
+            raise InvariantViolation(
+                self.entity,
+                key,
+                f"terminal status {build.status} is write-once (got {status})",
+            )
+        return _build(
+            await self._compare_and_set(
+                "UPDATE build SET status = %(status)s, version = version + 1, updated_at = now()"
+                " WHERE queue = %(queue)s AND id = %(id)s AND version = %(version)s"
+                f" RETURNING {_COLUMNS}",
+                {**key, "status": status.value},
+                version_query=_VERSION,
+                key=key,
+                expected_version=build.version,
+            )
+        )

@@ -1,0 +1,150 @@
+"""The connection pool, the stores bound to it, and transactions spanning several stores.
+
+    async with await Database.open(dsn) as db:
+        request = await db.requests.get(queue, request_id)          # one pooled statement
+        async with db.transaction() as tx:                          # one connection
+            await tx.queues.take_slot(queue_row)
+            await tx.requests.transition(request, RequestState.PROCESSING, strategy=…)
+        # both writes committed, or (on any exception, e.g. VersionMismatch) neither
+
+Pooled connections run in autocommit, so a plain store call is a single-statement
+transaction with one round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import TracebackType
+from typing import Any, Self
+
+from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool
+
+from store._base import ConnectionSource
+from store.builds import BuildStore
+from store.counters import CounterStore
+from store.facts import FactStore
+from store.parked import ParkedStore
+from store.queues import QueueStore
+from store.request_uris import RequestUriStore
+from store.requests import RequestStore
+
+
+class Stores:
+    """One store per entity, all drawing connections from the same source."""
+
+    def __init__(self, source: ConnectionSource) -> None:
+        self.queues = QueueStore(source)
+        self.requests = RequestStore(source)
+        self.request_uris = RequestUriStore(source)
+        self.builds = BuildStore(source)
+        self.facts = FactStore(source)
+        self.counters = CounterStore(source)
+        self.parked = ParkedStore(source)
+
+
+class _PoolSource:
+    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
+        self._pool = pool
+
+    def connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
+        return self._pool.connection()
+
+
+class _TransactionSource:
+    def __init__(self, conn: AsyncConnection[Any]) -> None:
+        self._conn = conn
+        self.finished = False
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        if self.finished:
+            raise RuntimeError("this transaction has ended; open a new one")
+        yield self._conn
+
+
+class Transaction(Stores):
+    """The stores, bound to one connection inside one database transaction.
+
+    A store error raised without a database error — NotFound from a read, AlreadyExists,
+    VersionMismatch, an InvariantViolation detected before writing — leaves the
+    transaction usable, so a caller may catch it and carry on. Any database error aborts
+    the transaction: it can only be rolled back.
+    """
+
+    def __init__(self, conn: AsyncConnection[Any]) -> None:
+        self._tx_source = _TransactionSource(conn)
+        super().__init__(self._tx_source)
+        self.connection = conn
+
+
+class Database(Stores):
+    """The pool and the stores bound to it. Open with `await Database.open(dsn)`."""
+
+    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Any]]) -> None:
+        super().__init__(_PoolSource(pool))
+        self.pool = pool
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        acquire_timeout: float = 30.0,
+        name: str | None = None,
+    ) -> Database:
+        """Open a pool of `min_size`..`max_size` connections to `dsn`, waiting up to
+        `acquire_timeout` seconds for the first `min_size` to connect (PoolTimeout
+        otherwise). It is also how long a store call waits for a free connection."""
+        pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=acquire_timeout,
+            name=name,
+            kwargs={"autocommit": True},
+            open=False,
+        )
+        try:
+            await pool.open(wait=True, timeout=acquire_timeout)
+        except BaseException:
+            await pool.close()
+            raise
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """A transaction over every store: committed when the block exits normally, rolled
+        back when it raises. Runs at READ COMMITTED; the stores' compare-and-sets make
+        concurrent writers of the same row conflict (VersionMismatch) instead of
+        overwriting each other."""
+        async with self.pool.connection() as conn, conn.transaction():
+            tx = Transaction(conn)
+            try:
+                yield tx
+                if conn.info.transaction_status is TransactionStatus.INERROR:
+                    # COMMIT of an aborted transaction silently rolls back: say so.
+                    raise RuntimeError(
+                        "the transaction was aborted by a database error the block "
+                        "swallowed; nothing was committed"
+                    )
+            finally:
+                tx._tx_source.finished = True

@@ -1,0 +1,195 @@
+"""The entities Stovepipe keeps in PostgreSQL, as plain frozen data (design §2, §4, §7).
+
+Every mutable entity carries `version`; stores update it only by compare-and-set, so
+holding an entity means holding the version a write must still match.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+REQUEST_ID_PREFIX = "request/"
+
+
+class RequestState(StrEnum):
+    ACCEPTED = "accepted"
+    PROCESSING = "processing"
+    SUPERSEDED = "superseded"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_REQUEST_STATES
+
+    @property
+    def is_outcome(self) -> bool:
+        """A build outcome was stamped (succeeded, failed or cancelled)."""
+        return self in _OUTCOME_REQUEST_STATES
+
+    def can_become(self, new: RequestState) -> bool:
+        """Whether `self → new` is an edge of the request state machine (design §4)."""
+        return new in _REQUEST_TRANSITIONS[self]
+
+
+_TERMINAL_REQUEST_STATES = frozenset(
+    {
+        RequestState.SUPERSEDED,
+        RequestState.SUCCEEDED,
+        RequestState.FAILED,
+        RequestState.CANCELLED,
+    }
+)
+_OUTCOME_REQUEST_STATES = frozenset(
+    {RequestState.SUCCEEDED, RequestState.FAILED, RequestState.CANCELLED}
+)
+# Mirrored by the request_guard trigger in migrations/0001_initial.sql.
+_REQUEST_TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
+    RequestState.ACCEPTED: frozenset(
+        {RequestState.PROCESSING, RequestState.SUPERSEDED, RequestState.FAILED}
+    ),
+    RequestState.PROCESSING: frozenset(
+        {RequestState.SUCCEEDED, RequestState.FAILED, RequestState.CANCELLED}
+    ),
+    RequestState.SUPERSEDED: frozenset(),
+    RequestState.SUCCEEDED: frozenset(),
+    RequestState.FAILED: frozenset(),
+    RequestState.CANCELLED: frozenset(),
+}
+
+
+class BuildStatus(StrEnum):
+    ACCEPTED = "accepted"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (BuildStatus.SUCCEEDED, BuildStatus.FAILED, BuildStatus.CANCELLED)
+
+    @property
+    def request_outcome(self) -> RequestState:
+        """The Request state a terminal build status projects to."""
+        if not self.is_terminal:
+            raise ValueError(f"build status {self.value!r} is not terminal")
+        return RequestState(self.value)
+
+
+class BuildStrategy(StrEnum):
+    INCREMENTAL = "incremental"
+    FULL = "full"
+
+
+def make_request_id(queue: str, n: int) -> str:
+    """`request/<queue>/<n>`; `n` is the queue's counter value (its ingest order)."""
+    if n < 1:
+        raise ValueError(f"request counter values start at 1, got {n}")
+    return f"{REQUEST_ID_PREFIX}{queue}/{n}"
+
+
+def parse_request_id(request_id: str) -> tuple[str, int]:
+    """(queue, n) from `request/<queue>/<n>`. Queue names may themselves contain '/'."""
+    queue, sep, n = request_id.removeprefix(REQUEST_ID_PREFIX).rpartition("/")
+    well_formed = request_id.startswith(REQUEST_ID_PREFIX) and sep and queue
+    if not (well_formed and n.isascii() and n.isdigit()):
+        raise ValueError(f"not a request id (want request/<queue>/<n>): {request_id!r}")
+    return queue, int(n)
+
+
+def request_seq(request_id: str) -> int:
+    """The ingest order of a request id: the only "newer than" the pipeline uses."""
+    return parse_request_id(request_id)[1]
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    name: str
+    last_green_uri: str | None
+    last_green_request_id: str | None
+    in_flight_count: int
+    latest_request_id: str | None
+    version: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    queue: str
+    id: str
+    uri: str
+    state: RequestState
+    build_strategy: BuildStrategy | None
+    base_uri: str | None
+    version: int
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def seq(self) -> int:
+        """Ingest order: larger is newer."""
+        return request_seq(self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestUri:
+    """The dedup mapping `(queue, uri)` → request id."""
+
+    queue: str
+    uri: str
+    request_id: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Build:
+    queue: str
+    id: str
+    request_id: str
+    status: BuildStatus
+    version: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationFact:
+    """Immutable: degree 0 is green, 1 fully broken. `project` is '' for the whole repo."""
+
+    queue: str
+    uri: str
+    project: str
+    degree: float
+    request_id: str
+    created_at: datetime
+
+    @property
+    def is_green(self) -> bool:
+        return self.degree == 0
+
+
+def check_degree(degree: float) -> float:
+    if math.isnan(degree) or not 0 <= degree <= 1:
+        raise ValueError(f"a validation degree lies in [0, 1], got {degree!r}")
+    return float(degree)
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedMessage:
+    """A dead-letter message no reconciler could handle, kept for an operator."""
+
+    id: int
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    error: str
+    parked_at: datetime

@@ -1,0 +1,64 @@
+"""FactStore: immutable validation facts, first fact wins (design §2)."""
+
+from __future__ import annotations
+
+from store._base import Row, Store
+from store.entities import ValidationFact, check_degree
+
+_COLUMNS = "queue, uri, project, degree, request_id, created_at"
+_INSERT = (
+    "INSERT INTO validation_fact (queue, uri, project, degree, request_id)"
+    " VALUES (%(queue)s, %(uri)s, %(project)s, %(degree)s, %(request_id)s)"
+    f" ON CONFLICT (queue, uri, project) DO NOTHING RETURNING {_COLUMNS}"
+)
+
+
+def _fact(row: Row) -> ValidationFact:
+    return ValidationFact(**row)
+
+
+class FactStore(Store):
+    """Facts are only ever inserted; the database refuses UPDATE, DELETE and TRUNCATE."""
+
+    entity = "validation_fact"
+
+    async def get(self, queue: str, uri: str, project: str = "") -> ValidationFact:
+        """The fact; NotFound means "not validated", which is never green."""
+        key = {"queue": queue, "uri": uri, "project": project}
+        return _fact(
+            await self._get_row(
+                f"SELECT {_COLUMNS} FROM validation_fact"
+                " WHERE queue = %(queue)s AND uri = %(uri)s AND project = %(project)s",
+                key,
+                key=key,
+            )
+        )
+
+    async def create(
+        self, queue: str, uri: str, *, degree: float, request_id: str, project: str = ""
+    ) -> ValidationFact:
+        """Record a fact; AlreadyExists if one is present (it stays as it is), NotFound if
+        the request does not exist, ValueError for a degree outside [0, 1]."""
+        key = {"queue": queue, "uri": uri, "project": project}
+        return _fact(
+            await self._insert(
+                _INSERT,
+                {**key, "degree": check_degree(degree), "request_id": request_id},
+                key=key,
+                request_key={"queue": queue, "id": request_id},
+            )
+        )
+
+    async def get_or_create(
+        self, queue: str, uri: str, *, degree: float, request_id: str, project: str = ""
+    ) -> ValidationFact:
+        """The stored fact, recording this one first if there is none. The caller compares
+        the returned fact's request id with its own: a fact is never overwritten."""
+        key = {"queue": queue, "uri": uri, "project": project}
+        row = await self._fetch_one(
+            _INSERT,
+            {**key, "degree": check_degree(degree), "request_id": request_id},
+            key=key,
+            request_key={"queue": queue, "id": request_id},
+        )
+        return _fact(row) if row is not None else await self.get(queue, uri, project)
