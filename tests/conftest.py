@@ -28,10 +28,15 @@ def _docker_answers() -> bool:
         import docker  # type: ignore[import-untyped]
 
         client = docker.from_env(timeout=3)
+    except Exception:
+        return False
+    try:
         client.ping()
         return True
     except Exception:
         return False
+    finally:
+        client.close()
 
 
 class _Services:
