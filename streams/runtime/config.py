@@ -1,0 +1,38 @@
+"""WorkerConfig from topics.yaml: the runtime's view of the topic registry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from streams.runtime.policy import Retry
+from streams.runtime.stage import Route
+from streams.runtime.worker import TopicRoute, WorkerConfig
+from streams.topics import RetryPolicy, TopicsConfig, TopicSpec
+
+
+def retry_of(policy: RetryPolicy) -> Retry:
+    return Retry(max_attempts=policy.max_attempts,
+                 backoff=tuple(d.total_seconds() for d in policy.backoff))
+
+
+def worker_config(topics: TopicsConfig, *, app_id: str, bootstrap: str,
+                  consumed: Iterable[str], web_port: int | None = None) -> WorkerConfig:
+    """The config of a worker consuming the topic entries ``consumed`` (e.g. ``process``,
+    ``process_dlq``); it may publish to every stage topic."""
+    specs: list[TopicSpec] = [*topics.stages.values(), *topics.dead_letters.values()]
+    routes = {}
+    for entry in consumed:
+        spec = topics.entry(entry)
+        if not isinstance(spec, TopicSpec):
+            raise ValueError(f"{entry!r} is a delay tier, not a stage topic")
+        dlq = topics.dead_letter_for(spec) if spec.dlq else None
+        routes[entry] = Route(topic=spec.full_name, retry=retry_of(spec.retry),
+                              dlq_topic=dlq.full_name if dlq else None)
+    return WorkerConfig(
+        app_id=app_id,
+        bootstrap=bootstrap,
+        topics={s.entry: TopicRoute(s.full_name, s.partitions, s.key_field) for s in specs},
+        routes=routes,
+        delay_tiers={t.full_name: t.delay.total_seconds() for t in topics.delay_tiers},
+        web_port=web_port,
+    )

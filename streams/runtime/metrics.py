@@ -1,0 +1,54 @@
+"""Prometheus metrics of the delivery runtime: every outcome of every stage is counted."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from prometheus_client import Counter, Gauge, Histogram
+
+OutcomeLabel = Literal["ack", "hold", "retry", "dead_letter", "parked", "undecodable"]
+
+DELIVERIES = Counter(
+    "stovepipe_deliveries_total",
+    "Messages a stage finished, by what the runtime did with them.",
+    ["stage", "outcome"],
+)
+HANDLE_SECONDS = Histogram(
+    "stovepipe_handle_seconds",
+    "Time in a stage's handler, decode to outcome.",
+    ["stage"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+DELIVERY_SECONDS = Histogram(
+    "stovepipe_delivery_seconds",
+    "Time from receiving a message to its source offset being safe to commit.",
+    ["stage"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+PRODUCE_FAILURES = Counter(
+    "stovepipe_produce_failures_total",
+    "Produce attempts the broker did not acknowledge (each one is retried).",
+    ["topic"],
+)
+DELAY_HELD = Gauge(
+    "stovepipe_delay_held_messages",
+    "Messages this worker holds in its delay tiers, fetched and not yet re-produced.",
+)
+DELAY_LATENESS = Histogram(
+    "stovepipe_delay_lateness_seconds",
+    "How late a delayed message reached its target, after its due time.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+DELAY_DROPPED = Counter(
+    "stovepipe_delay_dropped_total",
+    "Messages in a delay tier without a target header (not produced by Stovepipe).",
+)
+PARKED = Counter(
+    "stovepipe_parked_total",
+    "Reconciler messages that can never be processed, parked in PostgreSQL.",
+    ["stage"],
+)
+
+
+def count(stage: str, outcome: OutcomeLabel) -> None:
+    DELIVERIES.labels(stage=stage, outcome=outcome).inc()

@@ -1,0 +1,46 @@
+"""The four ways a handler can end (design §6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class RetryableError(Exception):
+    """Raise (or subclass) to say: the same message may succeed later."""
+
+    retryable = True
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Done: commit past the message."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Bring the same message back after ``delay`` seconds; costs no retry attempt."""
+
+    delay: float
+
+    def __post_init__(self) -> None:
+        if self.delay < 0:
+            raise ValueError(f"hold delay must be >= 0, got {self.delay}")
+
+
+@dataclass(frozen=True)
+class Retryable:
+    """Failed, may succeed later: redeliver after the topic's backoff."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class NonRetryable:
+    """Failed for good: dead-letter it (reconcilers: retry anyway, they never cascade)."""
+
+    error: BaseException
+
+
+Outcome = Ack | Hold | Retryable | NonRetryable
+
+ACK = Ack()

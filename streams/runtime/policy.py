@@ -1,0 +1,90 @@
+"""From a handler's outcome to the delivery action: pure, so it is tested with Hypothesis.
+
+``attempt`` counts the handler invocations that already failed for this message (0 on the
+first delivery); it travels in a header so it survives restarts and redeliveries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from streams.runtime.outcome import Ack, Hold, NonRetryable, Outcome, Retryable
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How a topic retries: ``max_attempts`` handler calls in all (None: forever) and the
+    delay before each retry; past the end of ``backoff`` its last value repeats (the cap)."""
+
+    max_attempts: int | None
+    backoff: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.backoff or any(d < 0 for d in self.backoff):
+            raise ValueError("backoff needs at least one non-negative delay")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+
+    def delay_before(self, retry_number: int) -> float:
+        """Delay before the ``retry_number``-th retry (1-based)."""
+        return self.backoff[min(retry_number, len(self.backoff)) - 1]
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Acknowledge the source message."""
+
+
+@dataclass(frozen=True)
+class Redeliver:
+    """Produce the same message back to its topic after ``delay`` s, with ``attempt``."""
+
+    delay: float
+    attempt: int
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    attempts: int
+    error: BaseException
+
+
+Action = Commit | Redeliver | DeadLetter
+
+
+def decide(outcome: Outcome, *, attempt: int, retry: Retry, reconciler: bool) -> Action:
+    """The action for ``outcome`` on a message that already failed ``attempt`` times.
+
+    Reconcilers never dead-letter: every failure, classified or not, is retried with the
+    capped backoff (design §6: a ``_dlq`` consumer has no DLQ of its own).
+    """
+    match outcome:
+        case Ack():
+            return Commit()
+        case Hold(delay=delay):
+            return Redeliver(delay=delay, attempt=attempt)
+        case Retryable(error=error) | NonRetryable(error=error):
+            failures = attempt + 1
+            if not reconciler:
+                if isinstance(outcome, NonRetryable):
+                    return DeadLetter(attempts=failures, error=error)
+                if retry.max_attempts is not None and failures >= retry.max_attempts:
+                    return DeadLetter(attempts=failures, error=error)
+            return Redeliver(delay=retry.delay_before(failures), attempt=failures)
+    raise TypeError(f"not an Outcome: {outcome!r}")
+
+
+def choose_tier(remaining: float, tiers: Sequence[float]) -> float:
+    """The delay tier for a message still ``remaining`` s from due: the longest tier that
+    does not overshoot, else the shortest (its consumer then waits only until due)."""
+    ordered = sorted(tiers)
+    fitting = [t for t in ordered if t <= remaining]
+    return fitting[-1] if fitting else ordered[0]
+
+
+def tier_wake_time(*, due: float, appended: float, tier: float) -> float:
+    """When a tier consumer may act on a message: never after ``due``, and never later than
+    ``appended + tier`` — monotonic in append order, so waiting on the head of a partition
+    never delays the messages behind it (they were appended later)."""
+    return min(due, appended + tier)

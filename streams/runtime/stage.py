@@ -1,0 +1,233 @@
+"""A stage declaration and the delivery of one message through it.
+
+`deliver` is the whole contract of the runtime for one message: decode, call the
+handler, turn the outcome into Kafka actions, and return only once the source offset is
+safe to commit — the handler's transaction committed, every message it produced and the
+redelivery/dead letter acknowledged by the broker. It never raises (except cancellation,
+which leaves the message unacknowledged so it is delivered again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Generic, Protocol, TypeVar
+
+from aiokafka import AIOKafkaProducer
+from google.protobuf.message import Message
+
+from contract import MalformedPayload, marshal, unmarshal
+from streams.runtime import headers as h
+from streams.runtime import metrics
+from streams.runtime.classify import outcome_of_exception
+from streams.runtime.delay import DelayTiers, produce_until_acked, send_later
+from streams.runtime.outcome import Outcome
+from streams.runtime.policy import Commit, DeadLetter, Redeliver, Retry, decide
+
+log = logging.getLogger("stovepipe.runtime")
+
+P = TypeVar("P", bound=Message)
+ERROR_MESSAGE_LIMIT = 2000
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One consumed Kafka message, independent of the client that fetched it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    timestamp: float = 0.0  # the record's Kafka timestamp, epoch seconds
+
+    @property
+    def attempt(self) -> int:
+        return h.get_int(self.headers, h.ATTEMPT)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a stage's topic lives and how it retries (from topics.yaml)."""
+
+    topic: str
+    retry: Retry
+    dlq_topic: str | None  # None for reconcilers: they never dead-letter
+
+
+class Publisher(Protocol):
+    async def __call__(self, key: str, payload: Message) -> None: ...
+
+
+@dataclass
+class Context:
+    """What a handler may use besides its payload."""
+
+    stage: str
+    message: Incoming
+    publish: Publisher
+    deps: Any
+    log: logging.LoggerAdapter[logging.Logger] = field(repr=False)
+
+    @property
+    def attempt(self) -> int:
+        return self.message.attempt
+
+
+Handler = Callable[[P, Context], Awaitable[Outcome]]
+Park = Callable[[str, Incoming, str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Stage(Generic[P]):
+    """A stage: the topic key it consumes (``process`` or ``process_dlq``), its payload
+    type and its handler. A stage on a ``_dlq`` key runs in reconciler mode."""
+
+    key: str
+    payload_type: type[P]
+    handle: Handler[P]
+
+    @property
+    def reconciler(self) -> bool:
+        return self.key.endswith("_dlq")
+
+
+class Delivery:
+    """Runs messages through stages; shared by every stage of a worker."""
+
+    def __init__(self, *, producer: AIOKafkaProducer, tiers: DelayTiers,
+                 routes: dict[str, Route], publish: Publisher, park: Park, deps: Any) -> None:
+        self.producer = producer
+        self.tiers = tiers
+        self.routes = routes
+        self.publish = publish
+        self.park = park
+        self.deps = deps
+
+    async def deliver(self, stage: Stage[Any], msg: Incoming) -> None:
+        started = time.perf_counter()
+        route = self.routes[stage.key]
+        fields = {"stage": stage.key, "topic": msg.topic, "partition": msg.partition,
+                  "offset": msg.offset, "attempt": msg.attempt}
+        try:
+            payload = unmarshal(msg.value or b"", stage.payload_type)
+        except MalformedPayload as exc:
+            await self._undecodable(stage, route, msg, exc, fields)
+            return
+        fields["id"] = getattr(payload, "id", "") or getattr(payload, "queue", "")
+        ctx = Context(stage=stage.key, message=msg, publish=self.publish, deps=self.deps,
+                      log=_Adapter(log, fields))
+        try:
+            outcome = await stage.handle(payload, ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - nothing a handler raises reaches Faust
+            outcome = outcome_of_exception(exc)
+        metrics.HANDLE_SECONDS.labels(stage=stage.key).observe(time.perf_counter() - started)
+        action = decide(outcome, attempt=msg.attempt, retry=route.retry,
+                        reconciler=stage.reconciler)
+        await self._perform(stage, route, msg, outcome, action, ctx)
+        metrics.DELIVERY_SECONDS.labels(stage=stage.key).observe(time.perf_counter() - started)
+
+    async def _perform(self, stage: Stage[Any], route: Route, msg: Incoming, outcome: Outcome,
+                       action: Commit | Redeliver | DeadLetter, ctx: Context) -> None:
+        match action:
+            case Commit():
+                metrics.count(stage.key, "ack")
+            case Redeliver(delay=delay, attempt=attempt):
+                is_hold = attempt == msg.attempt
+                await send_later(self.producer, self.tiers, target=route.topic, key=msg.key,
+                                 value=msg.value, headers=msg.headers, delay=delay,
+                                 attempt=attempt)
+                if is_hold:
+                    metrics.count(stage.key, "hold")
+                    ctx.log.debug("hold delay=%.3fs", delay)
+                else:
+                    metrics.count(stage.key, "retry")
+                    ctx.log.warning("retry attempt=%d delay=%.1fs error=%s", attempt, delay,
+                                    _describe(getattr(outcome, "error", None)))
+            case DeadLetter(attempts=attempts, error=error):
+                assert route.dlq_topic is not None
+                await self._dead_letter(route.dlq_topic, msg, attempts, error)
+                metrics.count(stage.key, "dead_letter")
+                ctx.log.error("dead_letter attempts=%d error=%s", attempts, _describe(error))
+
+    async def _undecodable(self, stage: Stage[Any], route: Route, msg: Incoming,
+                           exc: MalformedPayload, fields: dict[str, Any]) -> None:
+        adapter = _Adapter(log, fields)
+        if stage.reconciler:
+            await _until_done(lambda: self.park(stage.key, msg, _describe(exc)),
+                              what="park", log=adapter)
+            metrics.PARKED.labels(stage=stage.key).inc()
+            metrics.count(stage.key, "parked")
+            adapter.error("parked error=%s", exc)
+            return
+        assert route.dlq_topic is not None
+        await self._dead_letter(route.dlq_topic, msg, msg.attempt + 1, exc)
+        metrics.count(stage.key, "undecodable")
+        adapter.error("dead_letter_undecodable error=%s", exc)
+
+    async def _dead_letter(self, dlq_topic: str, msg: Incoming, attempts: int,
+                           error: BaseException) -> None:
+        failure: dict[str, str | int] = {
+            h.DLQ_SOURCE_TOPIC: msg.topic,
+            h.DLQ_SOURCE_PARTITION: msg.partition,
+            h.DLQ_SOURCE_OFFSET: msg.offset,
+            h.DLQ_ATTEMPTS: attempts,
+            h.DLQ_ERROR_CLASS: f"{type(error).__module__}.{type(error).__qualname__}",
+            h.DLQ_ERROR_MESSAGE: str(error)[:ERROR_MESSAGE_LIMIT],
+            h.DLQ_TIME: datetime.now(UTC).isoformat(timespec="milliseconds"),
+        }
+        # the reconciler starts counting its own attempts from zero
+        out = h.replace(h.without_runtime(msg.headers), {**failure, h.ATTEMPT: 0})
+        await produce_until_acked(self.producer, dlq_topic, key=msg.key, value=msg.value,
+                                  headers=out, what="dead-letter")
+
+
+def message_key(payload: Message, key_field: str) -> bytes:
+    return str(getattr(payload, key_field)).encode()
+
+
+async def publish_payload(producer: AIOKafkaProducer, topic: str, payload: Message,
+                          key_field: str) -> None:
+    """Produce ``payload`` and wait for the broker's ack; a failure raises (the handler's
+    delivery then retries), it is never only logged."""
+    await producer.send_and_wait(topic, value=marshal(payload),
+                                 key=message_key(payload, key_field))
+
+
+async def _until_done(step: Callable[[], Awaitable[None]], *, what: str,
+                      log: logging.LoggerAdapter[logging.Logger]) -> None:
+    """Retry ``step`` with capped backoff until it succeeds: used where giving up would
+    lose a message (parking it when the database is briefly away)."""
+    backoff = 0.2
+    while True:
+        try:
+            await step()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - giving up would lose the message
+            log.warning("%s_failed error=%r retry_in=%.1fs", what, exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+
+def _describe(error: BaseException | None) -> str:
+    if error is None:
+        return "-"
+    return f"{type(error).__name__}: {error}"
+
+
+class _Adapter(logging.LoggerAdapter[logging.Logger]):
+    """Structured log lines: the event first, then key=value fields of the message."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = self.extra or {}
+        suffix = " ".join(f"{k}={v}" for k, v in extra.items())
+        return f"{msg} {suffix}", kwargs

@@ -1,0 +1,210 @@
+"""A Faust worker running stages over the delivery runtime.
+
+One agent per stage topic, each a thin loop: wait until the runtime is started, hand each
+event to `Delivery.deliver`, acknowledge it after. Acks are manual (``noack``) so that an
+event interrupted by shutdown or a crash is never acknowledged, and in order (one actor
+per agent), which keeps Faust's committed offset from skipping an event still in progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+from aiokafka import AIOKafkaProducer
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from google.protobuf.message import Message
+from mode import Service
+
+from streams.runtime.delay import DelayScheduler, DelayTiers
+from streams.runtime.stage import Delivery, Incoming, Park, Route, Stage, publish_payload
+
+log = logging.getLogger("stovepipe.worker")
+
+FETCH_MAX_WAIT_MS = 100
+
+
+@dataclass(frozen=True)
+class TopicRoute:
+    """A topic as the worker sees it: its Kafka name, partitions, and which payload field
+    is the Kafka key."""
+
+    topic: str
+    partitions: int
+    key_field: str
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    app_id: str
+    bootstrap: str
+    topics: dict[str, TopicRoute]  # by topic key: every stage and every topic published to
+    routes: dict[str, Route]  # by topic key of each consumed stage
+    delay_tiers: dict[str, float]  # tier topic name -> delay in seconds
+    web_port: int | None = None
+    commit_interval: float = 0.5
+
+
+Deps = Any
+OpenDeps = Callable[[], Awaitable[tuple[Deps, Park, Callable[[], Awaitable[None]]]]]
+
+
+class _Consumer(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust hard-codes a 1.5 s fetch long-poll; a partition left out of an in-flight
+    fetch then waits that long. We shorten it: latency per hop matters more here than
+    the few extra fetch requests an idle worker sends."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
+        return consumer
+
+
+class _ConsumerDelegate(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> Any:
+        return _Consumer(self, loop=self.loop, beacon=self.beacon)
+
+
+class _Transport(faust_aiokafka.Transport):
+    Consumer = _ConsumerDelegate
+
+
+class RuntimeService:
+    """Owns what the agents share: the producer, the delay scheduler and the deps."""
+
+    def __init__(self, config: WorkerConfig, open_deps: OpenDeps) -> None:
+        self.config = config
+        self.open_deps = open_deps
+        self.ready = asyncio.Event()
+        self.delivery: Delivery | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._scheduler: DelayScheduler | None = None
+        self._close_deps: Callable[[], Awaitable[None]] | None = None
+
+    async def start(self) -> None:
+        cfg = self.config
+        deps, park, close = await self.open_deps()
+        self._close_deps = close
+        # acks=all and idempotence: an acknowledged produce survives a broker restart
+        # and a retried produce is not duplicated by the producer itself
+        self._producer = AIOKafkaProducer(bootstrap_servers=cfg.bootstrap, acks="all",
+                                          enable_idempotence=True, linger_ms=0)
+        await self._producer.start()
+        tiers = DelayTiers(cfg.delay_tiers)
+        producer = self._producer
+
+        async def publish(key: str, payload: Message) -> None:
+            route = cfg.topics[key]
+            await publish_payload(producer, route.topic, payload, route.key_field)
+
+        self.delivery = Delivery(producer=producer, tiers=tiers, routes=cfg.routes,
+                                 publish=publish, park=park, deps=deps)
+        self._scheduler = DelayScheduler(bootstrap=cfg.bootstrap, group_id=f"{cfg.app_id}-delay",
+                                         tiers=tiers, producer=producer)
+        await self._scheduler.start()
+        self.ready.set()
+
+    async def stop(self) -> None:
+        self.ready.clear()
+        if self._scheduler is not None:
+            await self._scheduler.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+        if self._close_deps is not None:
+            await self._close_deps()
+
+
+def build_app(config: WorkerConfig, stages: Sequence[Stage[Any]], open_deps: OpenDeps,
+              **faust_settings: Any) -> faust.App:
+    """The Faust application for ``stages``. It declares and creates no topic: they come
+    from ``stovepipe topics create``."""
+    settings: dict[str, Any] = {
+        "broker": f"kafka://{config.bootstrap}",
+        "topic_allow_declare": False,
+        "topic_disable_leader": True,
+        "consumer_auto_offset_reset": "earliest",
+        "broker_commit_interval": config.commit_interval,
+        # a worker killed without leaving its group holds its partitions until the
+        # session times out; 10 s bounds that stall after a crash
+        "broker_session_timeout": 10.0,
+        "broker_heartbeat_interval": 1.0,
+        "web_enabled": config.web_port is not None,
+        "store": "memory://",
+    }
+    if config.web_port is not None:
+        settings["web_port"] = config.web_port
+    settings.update(faust_settings)
+    app = faust.App(config.app_id, **settings)
+    app.transport = _Transport(app.conf.broker_consumer, app)
+    runtime = RuntimeService(config, open_deps)
+    app.service(_bind(runtime))
+
+    for stage in stages:
+        route = config.topics[stage.key]
+        topic = app.topic(route.topic, partitions=route.partitions, value_serializer="raw",
+                          key_serializer="raw", internal=False)
+        app.agent(topic, name=f"stage.{stage.key}")(_agent_for(stage, runtime))
+    if config.web_port is not None:
+        _add_metrics_page(app)
+    app.stovepipe_runtime = runtime  # type: ignore[attr-defined]
+    return app
+
+
+def _add_metrics_page(app: faust.App) -> None:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    @app.page("/metrics")
+    async def metrics_page(web: Any, request: Any) -> Any:
+        return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+
+def _bind(runtime: RuntimeService) -> Any:
+    class _Bound(Service):
+        async def on_start(self) -> None:
+            await runtime.start()
+
+        async def on_stop(self) -> None:
+            await runtime.stop()
+
+    return _Bound
+
+
+def _agent_for(stage: Stage[Any], runtime: RuntimeService) -> Callable[[Any], Awaitable[None]]:
+    async def run_stage(stream: Any) -> None:
+        await runtime.ready.wait()
+        delivery = runtime.delivery
+        assert delivery is not None
+        async for event in stream.noack().events():
+            message = event.message
+            await delivery.deliver(stage, Incoming(
+                topic=message.topic, partition=message.partition, offset=message.offset,
+                key=message.key, value=message.value,
+                headers=[(k, bytes(v)) for k, v in (message.headers or ())],
+                timestamp=message.timestamp or 0.0,
+            ))
+            event.ack()
+
+    run_stage.__name__ = f"stage_{stage.key}"
+    return run_stage
+
+
+def database_deps(dsn: str, *, max_size: int = 10) -> OpenDeps:
+    """Deps for a worker whose stages use the store: the Database is the deps, and
+    undecodable reconciler messages are parked in its ``parked_message`` table."""
+    from store import Database
+
+    async def open_deps() -> tuple[Deps, Park, Callable[[], Awaitable[None]]]:
+        db = await Database.open(dsn, max_size=max_size, name="stovepipe-worker")
+
+        async def park(stage: str, msg: Incoming, error: str) -> None:
+            await db.parked.park(topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                                 key=msg.key, value=msg.value, headers=msg.headers,
+                                 error=error)
+
+        return db, park, db.close
+
+    return open_deps

@@ -1,0 +1,124 @@
+"""A worker over the delivery runtime with test handlers, run as a real process.
+
+Environment: RT_BOOTSTRAP, RT_DSN (its search_path names the test's schema), RT_TOPICS
+(a topics.yaml), RT_PREFIX, RT_APP_ID. The payload id says what the handler does:
+
+  ack:N            record N and ack
+  hold:MS:N        the first time hold for MS ms, then record N
+  retry:K:N        raise a retryable error until K attempts failed, then record N
+  retryforever:N   always retryable (exhausts its attempts, then the DLQ)
+  fatal:N          raise a non-retryable error
+  pipe:N           publish N to `build`; the build stage records it
+  pipehold:MS:N    hold once for MS ms, then publish N to `build`
+  recon:K:N        (on process_dlq) fail until K attempts failed, then record N
+
+"Record" inserts (id, stage, attempt) into runtime_sink; duplicates are absorbed by its
+key and counted in runtime_sink.deliveries.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from contract import BuildRequest, ProcessRequest
+from streams.runtime import ACK, Hold, Outcome, RetryableError
+from streams.runtime.config import worker_config
+from streams.runtime.stage import Context, Stage
+from streams.runtime.worker import build_app, database_deps
+from streams.topics import load_topics
+
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS runtime_sink (
+    id text PRIMARY KEY, stage text NOT NULL, attempt int NOT NULL,
+    deliveries int NOT NULL DEFAULT 1, received_at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE IF NOT EXISTS runtime_held (
+    id text PRIMARY KEY, delay_ms int NOT NULL,
+    held_at timestamptz NOT NULL DEFAULT clock_timestamp());
+"""
+
+
+async def _record(ctx: Context, ident: str) -> None:
+    async with ctx.deps.pool.connection() as conn:
+        await conn.execute(
+            "INSERT INTO runtime_sink (id, stage, attempt) VALUES (%s, %s, %s)"
+            " ON CONFLICT (id) DO UPDATE SET deliveries = runtime_sink.deliveries + 1",
+            (ident, ctx.stage, ctx.attempt))
+
+
+async def _hold_once(ctx: Context, ident: str, delay_ms: int) -> bool:
+    """True the first time: the caller holds; a redelivery finds the row and goes on."""
+    async with ctx.deps.pool.connection() as conn:
+        cur = await conn.execute(
+            "INSERT INTO runtime_held (id, delay_ms) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            (ident, delay_ms))
+        return cur.rowcount == 1
+
+
+class Boom(ValueError):
+    """A non-retryable failure."""
+
+
+async def handle_process(payload: ProcessRequest, ctx: Context) -> Outcome:
+    kind, *rest = payload.id.split(":")
+    if kind == "ack":
+        await _record(ctx, payload.id)
+    elif kind == "hold":
+        if await _hold_once(ctx, payload.id, int(rest[0])):
+            return Hold(int(rest[0]) / 1000)
+        await _record(ctx, payload.id)
+    elif kind == "retry":
+        if ctx.attempt < int(rest[0]):
+            raise RetryableError(f"attempt {ctx.attempt} fails on purpose")
+        await _record(ctx, payload.id)
+    elif kind == "retryforever":
+        raise RetryableError("always fails, retryably")
+    elif kind == "fatal":
+        raise Boom("fails for good")
+    elif kind == "pipe":
+        await ctx.publish("build", BuildRequest(id=payload.id, queue_name=payload.queue_name))
+    elif kind == "pipehold":
+        if await _hold_once(ctx, payload.id, int(rest[0])):
+            return Hold(int(rest[0]) / 1000)
+        await ctx.publish("build", BuildRequest(id=payload.id, queue_name=payload.queue_name))
+    else:
+        raise Boom(f"unknown test id {payload.id!r}")
+    return ACK
+
+
+async def handle_build(payload: BuildRequest, ctx: Context) -> Outcome:
+    await _record(ctx, payload.id)
+    return ACK
+
+
+async def handle_process_dlq(payload: ProcessRequest, ctx: Context) -> Outcome:
+    kind, *rest = payload.id.split(":")
+    if kind == "recon" and ctx.attempt < int(rest[0]):
+        raise Boom(f"reconciler attempt {ctx.attempt} fails on purpose")
+    await _record(ctx, payload.id)
+    return ACK
+
+
+STAGES: list[Stage[Any]] = [
+    Stage("process", ProcessRequest, handle_process),
+    Stage("build", BuildRequest, handle_build),
+    Stage("process_dlq", ProcessRequest, handle_process_dlq),
+]
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    topics = load_topics(os.environ["RT_TOPICS"], prefix=os.environ["RT_PREFIX"])
+    config = worker_config(topics, app_id=os.environ["RT_APP_ID"],
+                           bootstrap=os.environ["RT_BOOTSTRAP"],
+                           consumed=[s.key for s in STAGES])
+    app = build_app(config, STAGES, database_deps(os.environ["RT_DSN"]))
+    sys.argv = [sys.argv[0], "worker", "--loglevel=warn", "--without-web"]
+    app.main()
+
+
+if __name__ == "__main__":
+    main()
