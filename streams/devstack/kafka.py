@@ -1,0 +1,495 @@
+"""The dev-stack Kafka broker: Apache Kafka from Maven Central, single node, KRaft.
+
+Layout under `<settings.home>`:
+
+    cache/kafka-<ver>/pom.xml, libs/*.jar, .complete   jars, fetched once by Maven
+    dev/kafka/server.properties, log4j2.properties     written on every start
+    dev/kafka/data/                                    log.dirs (formatted once)
+    dev/kafka/logs/server.log, kafka.out               broker log, JVM stdout/stderr
+    dev/kafka/kafka.pid                                pid of the running broker
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import socket
+import string
+import subprocess
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from streams.settings import ENV_KAFKA_BOOTSTRAP, Settings
+
+from . import env
+from .common import (
+    DevStackError,
+    Echo,
+    ServiceStatus,
+    ServiceUp,
+    log_hint,
+    pid_alive,
+    port_answers,
+    port_free,
+    port_taken_message,
+    process_cmdline,
+    read_pid,
+    tail,
+    terminate,
+    write_text_atomic,
+)
+
+KAFKA_VERSION = "4.1.2"
+SCALA_VERSION = "2.13"
+MIN_JAVA = 17
+JVM_OPTIONS = (
+    "-Xms256m",
+    "-Xmx512m",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-XX:+ExitOnOutOfMemoryError",
+    "-Djava.awt.headless=true",
+)
+# The storage tool runs for a second: a small heap and no C2 compiler start it faster.
+TOOL_JVM_OPTIONS = ("-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+MAVEN_TIMEOUT = 900.0
+START_TIMEOUT = 90.0
+STOP_TIMEOUT = 30.0
+MAIN_CLASS = "kafka.Kafka"
+STORAGE_TOOL = "kafka.tools.StorageTool"
+LABEL = f"Kafka {KAFKA_VERSION}"
+
+_INSTALL_JAVA = "apt-get update && apt-get install -y openjdk-17-jre-headless"
+_INSTALL_MAVEN = "apt-get update && apt-get install -y maven"
+
+# librdkafka logs every refused connection; a probe must stay silent.
+_SILENT = logging.getLogger("streams.devstack.kafka.probe")
+_SILENT.addHandler(logging.NullHandler())
+_SILENT.propagate = False
+
+
+def _resource(name: str) -> str:
+    return resources.files("streams.devstack").joinpath(name).read_text()
+
+
+@dataclass(frozen=True)
+class KafkaPaths:
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "server.properties"
+
+    @property
+    def log4j(self) -> Path:
+        return self.root / "log4j2.properties"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def server_log(self) -> Path:
+        return self.logs / "server.log"
+
+    @property
+    def stdout_log(self) -> Path:
+        return self.logs / "kafka.out"
+
+    @property
+    def pid(self) -> Path:
+        return self.root / "kafka.pid"
+
+
+def kafka_paths(settings: Settings) -> KafkaPaths:
+    return KafkaPaths(settings.home / "dev" / "kafka")
+
+
+def cache_dir(settings: Settings) -> Path:
+    return settings.home / "cache" / f"kafka-{KAFKA_VERSION}"
+
+
+def libs_dir(settings: Settings) -> Path:
+    return cache_dir(settings) / "libs"
+
+
+def local_bootstrap() -> str:
+    return f"127.0.0.1:{env.kafka_port()}"
+
+
+# --- the jars --------------------------------------------------------------------------
+
+
+def _libs_cached(cache: Path, pom_digest: str) -> bool:
+    marker = cache / ".complete"
+    try:
+        recorded = marker.read_text().strip()
+    except OSError:
+        return False
+    return recorded == pom_digest and (
+        cache / "libs" / f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar"
+    ).is_file()
+
+
+def ensure_libs(settings: Settings, echo: Echo) -> Path:
+    """The directory of the broker's jars; runs Maven only when they are not cached yet."""
+    cache = cache_dir(settings)
+    pom_text = _resource("kafka-pom.xml")
+    digest = hashlib.sha256(pom_text.encode()).hexdigest()
+    libs = cache / "libs"
+    if _libs_cached(cache, digest):
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise DevStackError(
+            f"Maven (`mvn`) is not installed; it fetches {LABEL} from Maven Central once. "
+            f"Install it: {_INSTALL_MAVEN}"
+        )
+    echo(f"{LABEL}: fetching the broker from Maven Central (once; cached in {libs}) ...")
+    started = time.monotonic()
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / ".complete").unlink(missing_ok=True)
+    pom = cache / "pom.xml"
+    pom.write_text(pom_text)
+    partial = cache / "libs.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    maven_log = cache / "maven.log"
+    cmd = [mvn, "-q", "-B", "-f", str(pom), "package", f"-Dlibs.dir={partial}"]
+    try:
+        with maven_log.open("w") as out:
+            code = subprocess.run(
+                cmd, cwd=cache, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, timeout=MAVEN_TIMEOUT, check=False,
+            ).returncode
+    except subprocess.TimeoutExpired:
+        raise DevStackError(
+            f"Maven did not finish fetching {LABEL} within {MAVEN_TIMEOUT:.0f} s. "
+            f"{log_hint(maven_log)}"
+        ) from None
+    if code != 0 or not (partial / f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar").is_file():
+        raise DevStackError(
+            f"Maven could not fetch {LABEL} from Maven Central (`{' '.join(cmd)}` "
+            f"exited with {code}). Is Maven Central reachable? {log_hint(maven_log)}"
+        )
+    shutil.rmtree(libs, ignore_errors=True)
+    partial.rename(libs)
+    shutil.rmtree(cache / "target", ignore_errors=True)
+    write_text_atomic(cache / ".complete", digest + "\n")
+    jars = len(list(libs.glob("*.jar")))
+    echo(f"{LABEL}: {jars} jars fetched in {time.monotonic() - started:.1f} s")
+    return libs
+
+
+# --- java ------------------------------------------------------------------------------
+
+
+def find_java() -> str:
+    java_home = os.environ.get("JAVA_HOME", "").strip()
+    if java_home and os.access(Path(java_home) / "bin" / "java", os.X_OK):
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise DevStackError(
+            f"Java is not installed; {LABEL} needs Java {MIN_JAVA} or newer. "
+            f"Install it: {_INSTALL_JAVA}"
+        )
+    return java
+
+
+def java_major(java: str) -> int | None:
+    try:
+        out = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not match:
+        return None
+    major = int(match.group(1))
+    if major == 1 and match.group(2):  # "1.8.0_392"
+        major = int(match.group(2))
+    return major
+
+
+def _check_java(java: str) -> None:
+    major = java_major(java)
+    if major is not None and major < MIN_JAVA:
+        raise DevStackError(
+            f"{java} is Java {major}; {LABEL} needs Java {MIN_JAVA} or newer. "
+            f"Install it ({_INSTALL_JAVA}) and put it first on PATH or set JAVA_HOME."
+        )
+
+
+def _java_args(libs: Path, paths: KafkaPaths) -> list[str]:
+    """The JVM arguments every Kafka command of the stack shares (logging, class path)."""
+    return [
+        f"-Dlog4j2.configurationFile={paths.log4j}",
+        f"-Dkafka.logs.dir={paths.logs}",
+        "-cp",
+        f"{libs}/*",
+    ]
+
+
+# --- configuration and storage ---------------------------------------------------------
+
+
+def write_config(paths: KafkaPaths, kafka_port: int, controller_port: int) -> None:
+    for directory in (paths.root, paths.data, paths.logs):
+        directory.mkdir(parents=True, exist_ok=True)
+    config = string.Template(_resource("kafka-server.properties")).substitute(
+        kafka_port=kafka_port, controller_port=controller_port, data_dir=paths.data
+    )
+    write_text_atomic(paths.config, config)
+    write_text_atomic(paths.log4j, _resource("kafka-log4j2.properties"))
+
+
+def configured_ports(paths: KafkaPaths) -> tuple[int, int] | None:
+    """(broker port, controller port) in the broker's current server.properties."""
+    try:
+        text = paths.config.read_text()
+    except OSError:
+        return None
+    broker = re.search(r"^listeners=.*PLAINTEXT://[^:,]+:(\d+)", text, re.M)
+    controller = re.search(r"^listeners=.*CONTROLLER://[^:,]+:(\d+)", text, re.M)
+    if not broker or not controller:
+        return None
+    return int(broker.group(1)), int(controller.group(1))
+
+
+def _storage_tool(java: str, libs: Path, paths: KafkaPaths, *args: str) -> str:
+    cmd = [java, *TOOL_JVM_OPTIONS, *_java_args(libs, paths), STORAGE_TOOL, *args]
+    try:
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=120, check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        raise DevStackError(f"`{STORAGE_TOOL} {args[0]}` did not finish in 120 s.") from None
+    if out.returncode != 0:
+        raise DevStackError(
+            f"Formatting the Kafka storage failed: `{STORAGE_TOOL} {' '.join(args)}` "
+            f"exited with {out.returncode}:\n{(out.stdout + out.stderr).strip()}"
+        )
+    return out.stdout
+
+
+def ensure_formatted(java: str, libs: Path, paths: KafkaPaths, echo: Echo) -> None:
+    """Format the data dir (static quorum, so no --standalone) unless it already is."""
+    if (paths.data / "meta.properties").is_file():
+        return
+    echo(f"{LABEL}: formatting storage in {paths.data} ...")
+    # No meta.properties: never formatted (or an interrupted format) - nothing to keep.
+    shutil.rmtree(paths.data, ignore_errors=True)
+    paths.data.mkdir(parents=True)
+    lines = _storage_tool(java, libs, paths, "random-uuid").split()
+    if not lines:
+        raise DevStackError(f"`{STORAGE_TOOL} random-uuid` printed nothing.")
+    _storage_tool(java, libs, paths, "format", "-t", lines[-1], "-c", str(paths.config))
+
+
+# --- process ---------------------------------------------------------------------------
+
+
+def running_pid(paths: KafkaPaths) -> int | None:
+    """The pid of the broker the pid file names, if that broker still runs."""
+    pid = read_pid(paths.pid)
+    if pid is None or not pid_alive(pid):
+        return None
+    cmdline = process_cmdline(pid)
+    if cmdline is not None and (MAIN_CLASS not in cmdline or str(paths.config) not in cmdline):
+        return None  # the pid was reused by another process
+    return pid
+
+
+def _child_exit_code(pid: int) -> int | None:
+    """The exit code of our own child `pid` if it has exited, else None."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None if pid_alive(pid) else -1
+    if done != pid:
+        return None
+    return os.waitstatus_to_exitcode(status)
+
+
+def _spawn(cmd: list[str], paths: KafkaPaths) -> int:
+    """Start `cmd` detached: own session, stdin from /dev/null, output to kafka.out."""
+    out = paths.stdout_log
+    if out.exists() and out.stat().st_size:
+        out.replace(out.with_name(out.name + ".1"))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, str(out), flags, 0o644),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+    ]
+    # posix_spawn leaves no Popen object behind to warn about a still-running child; the
+    # shell only changes directory (thread-safe, unlike os.chdir) and execs the JVM in place.
+    argv = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', str(paths.root), *cmd]
+    return os.posix_spawn(argv[0], argv, dict(os.environ), file_actions=actions, setsid=True)
+
+
+def _some_server_accepts(bootstrap: str, timeout: float) -> bool:
+    """False only when no `host:port` of `bootstrap` accepts a TCP connection."""
+    for entry in bootstrap.split(","):
+        host, _, port = entry.strip().rpartition("://")[2].rpartition(":")
+        if not host or not port.isdigit():
+            return True  # a form we do not parse: let the client judge
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def probe(bootstrap: str, timeout: float = 5.0) -> tuple[bool, str]:
+    """Ask the broker for its metadata: (answers, detail)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    if not _some_server_accepts(bootstrap, min(timeout, 2.0)):
+        return False, "does not answer (no bootstrap server accepts connections)"
+
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "socket.connection.setup.timeout.ms": max(1000, int(timeout * 1000)),
+        "logger": _SILENT,
+    }
+    client = AdminClient(config)
+    try:
+        metadata = client.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+        return False, f"does not answer ({reason})"
+    if not metadata.brokers:
+        return False, "answers, but reports no brokers"
+    topics = sum(1 for name in metadata.topics if not name.startswith("__"))
+    return True, f"{len(metadata.brokers)} broker(s), {topics} topic(s)"
+
+
+def _logs_hint(paths: KafkaPaths) -> str:
+    hint = log_hint(paths.server_log, 20)
+    jvm_out = tail(paths.stdout_log, 15)
+    if jvm_out:
+        hint += f"\nJVM output ({paths.stdout_log}):\n{jvm_out}"
+    return hint
+
+
+def _wait_ready(bootstrap: str, port: int, pid: int, paths: KafkaPaths, own_child: bool) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        code = _child_exit_code(pid) if own_child else (None if pid_alive(pid) else -1)
+        if code is not None:
+            paths.pid.unlink(missing_ok=True)
+            how = f" with exit code {code}" if code >= 0 else ""
+            raise DevStackError(
+                f"The Kafka broker (pid {pid}) exited{how} while starting. {_logs_hint(paths)}"
+            )
+        remaining = deadline - time.monotonic()
+        if port_answers(port) and probe(bootstrap, timeout=max(1.0, min(5.0, remaining)))[0]:
+            return
+        if time.monotonic() >= deadline:
+            raise DevStackError(
+                f"The Kafka broker (pid {pid}) did not answer on {bootstrap} within "
+                f"{START_TIMEOUT:.0f} s; it may still be starting (`stovepipe dev down` stops "
+                f"it). {_logs_hint(paths)}"
+            )
+        time.sleep(0.2)
+
+
+def ensure_kafka(settings: Settings, echo: Echo) -> ServiceUp:
+    """Reuse the running dev broker or start one; return once it answers."""
+    if settings.kafka_from_env:
+        return ServiceUp("kafka", LABEL, settings.kafka_bootstrap, "external")
+    paths = kafka_paths(settings)
+    port, controller_port = env.kafka_port(), env.kafka_controller_port()
+    bootstrap = f"127.0.0.1:{port}"
+    pid = running_pid(paths)
+    if pid is not None:
+        ports = configured_ports(paths)
+        if ports is not None and ports != (port, controller_port):
+            raise DevStackError(
+                f"The dev-stack Kafka broker (pid {pid}) runs on ports {ports[0]}/{ports[1]}, "
+                f"not {port}/{controller_port}. Run `stovepipe dev down`, then "
+                "`stovepipe dev up` again."
+            )
+        _wait_ready(bootstrap, port, pid, paths, own_child=False)
+        return ServiceUp("kafka", LABEL, bootstrap, "reused", pid, paths.server_log, paths.data)
+
+    for wanted, what, env_name in (
+        (port, "the Kafka broker", env.ENV_DEV_KAFKA_PORT),
+        (controller_port, "the Kafka controller", env.ENV_DEV_KAFKA_CONTROLLER_PORT),
+    ):
+        if not port_free(wanted):
+            raise DevStackError(port_taken_message(wanted, what, env_name))
+    java = find_java()
+    _check_java(java)
+    libs = ensure_libs(settings, echo)
+    write_config(paths, port, controller_port)
+    ensure_formatted(java, libs, paths, echo)
+    cmd = [java, *JVM_OPTIONS, *_java_args(libs, paths), MAIN_CLASS, str(paths.config)]
+    echo(f"{LABEL}: starting the broker on {bootstrap} ...")
+    pid = _spawn(cmd, paths)
+    write_text_atomic(paths.pid, f"{pid}\n")
+    _wait_ready(bootstrap, port, pid, paths, own_child=True)
+    return ServiceUp("kafka", LABEL, bootstrap, "started", pid, paths.server_log, paths.data)
+
+
+def stop_kafka(settings: Settings) -> str:
+    """Stop the broker the pid file names; say what happened."""
+    paths = kafka_paths(settings)
+    if read_pid(paths.pid) is None:
+        if settings.kafka_from_env:
+            return f"uses {ENV_KAFKA_BOOTSTRAP}={settings.kafka_bootstrap}; nothing to stop"
+        return "not running"
+    pid = running_pid(paths)
+    if pid is None:
+        paths.pid.unlink(missing_ok=True)
+        return "not running (removed a stale pid file)"
+    started = time.monotonic()
+    killed = terminate(pid, STOP_TIMEOUT)
+    paths.pid.unlink(missing_ok=True)
+    how = f"killed after {STOP_TIMEOUT:.0f} s" if killed else "stopped"
+    return f"{how} (pid {pid}) in {time.monotonic() - started:.1f} s"
+
+
+def kafka_status(settings: Settings) -> ServiceStatus:
+    if settings.kafka_from_env:
+        ok, detail = probe(settings.kafka_bootstrap)
+        return ServiceStatus(
+            "kafka", LABEL, settings.kafka_bootstrap, ok, "external",
+            f"from {ENV_KAFKA_BOOTSTRAP}; {detail}",
+        )
+    paths = kafka_paths(settings)
+    port = env.kafka_port()
+    bootstrap = f"127.0.0.1:{port}"
+    pid = running_pid(paths)
+    if pid is None:
+        detail = "not running"
+        if not port_free(port):
+            detail += f"; port {port} is taken by another process"
+        return ServiceStatus("kafka", LABEL, bootstrap, False, "stopped", detail,
+                             log=paths.server_log)
+    ports = configured_ports(paths)
+    if ports is not None and ports[0] != port:
+        return ServiceStatus(
+            "kafka", LABEL, bootstrap, False, "unhealthy",
+            f"runs on port {ports[0]}, not {port}", pid, paths.server_log,
+        )
+    ok, detail = probe(bootstrap)
+    return ServiceStatus("kafka", LABEL, bootstrap, ok, "running" if ok else "unhealthy",
+                         detail, pid, paths.server_log)
