@@ -12,6 +12,7 @@ run in any order and never see each other's data.
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 
@@ -24,19 +25,26 @@ from streams import settings as settings_mod
 
 
 def _docker_answers() -> bool:
+    """True when a Docker engine answers its ping (a client binary alone is not enough)."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
-        import docker  # type: ignore[import-untyped]
-
-        client = docker.from_env(timeout=3)
-    except Exception:
+        if host.startswith("unix://"):
+            path = host.removeprefix("unix://")
+            if not os.path.exists(path):
+                return False
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(2)
+            sock.connect(path)
+        elif host.startswith("tcp://"):
+            hostname, _, port = host.removeprefix("tcp://").partition(":")
+            sock = socket.create_connection((hostname, int(port or 2375)), timeout=2)
+        else:
+            return False
+        with sock:
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            return b" 200 " in sock.recv(1024)
+    except (OSError, ValueError):
         return False
-    try:
-        client.ping()
-        return True
-    except Exception:
-        return False
-    finally:
-        client.close()
 
 
 class _Services:
