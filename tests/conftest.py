@@ -113,9 +113,28 @@ def postgres_dsn(services: _Services) -> str:
 
 
 @pytest.fixture
-def topic_prefix() -> str:
-    """A prefix no other test uses, so each test has its own topics."""
-    return f"t{uuid.uuid4().hex[:10]}."
+def topic_prefix(services: _Services) -> Iterator[str]:
+    """A prefix no other test uses, so each test has its own topics; they are deleted
+    afterwards so a long-lived local broker does not pile up partitions."""
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    yield prefix
+    if services.kafka_bootstrap and services._resolved:
+        _delete_topics(services.kafka_bootstrap, prefix)
+
+
+def _delete_topics(bootstrap: str, prefix: str) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+    if names:
+        for fut in admin.delete_topics(names, operation_timeout=30).values():
+            try:
+                fut.result(timeout=30)
+            except KafkaException as exc:  # the test deleted it already
+                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
 
 
 @pytest.fixture
