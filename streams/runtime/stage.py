@@ -25,7 +25,7 @@ from streams.runtime import headers as h
 from streams.runtime import metrics
 from streams.runtime.classify import outcome_of_exception
 from streams.runtime.delay import DelayTiers, produce_until_acked, send_later
-from streams.runtime.outcome import Outcome
+from streams.runtime.outcome import Outcome, RetryableError
 from streams.runtime.policy import Commit, DeadLetter, Redeliver, Retry, decide
 
 log = logging.getLogger("stovepipe.runtime")
@@ -193,12 +193,22 @@ def message_key(payload: Message, key_field: str) -> bytes:
     return str(getattr(payload, key_field)).encode()
 
 
+class PublishFailed(RetryableError):
+    """The broker did not acknowledge a message a handler published."""
+
+
 async def publish_payload(producer: AIOKafkaProducer, topic: str, payload: Message,
                           key_field: str) -> None:
-    """Produce ``payload`` and wait for the broker's ack; a failure raises (the handler's
-    delivery then retries), it is never only logged."""
-    await producer.send_and_wait(topic, value=marshal(payload),
-                                 key=message_key(payload, key_field))
+    """Produce ``payload`` and wait for the broker's ack. A failure is always a retryable
+    failure of the delivery (it must not be only logged, nor dead-letter the source)."""
+    try:
+        await producer.send_and_wait(topic, value=marshal(payload),
+                                     key=message_key(payload, key_field))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # whatever the client raised, the delivery retries
+        metrics.PRODUCE_FAILURES.labels(topic=topic).inc()
+        raise PublishFailed(f"publish to {topic} failed: {exc!r}") from exc
 
 
 async def _until_done(step: Callable[[], Awaitable[None]], *, what: str,

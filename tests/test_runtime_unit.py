@@ -1,0 +1,155 @@
+"""`Delivery.deliver` in process, with a recording producer: what it produces for each
+outcome, that it never raises, and that every outcome is counted."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from contract import ProcessRequest, marshal
+from streams.runtime import ACK, Hold, RetryableError
+from streams.runtime import headers as h
+from streams.runtime.delay import DelayTiers
+from streams.runtime.outcome import Outcome
+from streams.runtime.policy import Retry
+from streams.runtime.stage import Context, Delivery, Incoming, PublishFailed, Route, Stage
+
+
+class RecordingProducer:
+    def __init__(self, fail_first: int = 0) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.fail_first = fail_first
+
+    async def send_and_wait(self, topic: str, value: bytes | None = None,
+                            key: bytes | None = None, headers: Any = None) -> None:
+        if self.fail_first:
+            self.fail_first -= 1
+            raise ConnectionError("broker away")
+        self.sent.append({"topic": topic, "key": key, "value": value,
+                          "headers": list(headers or [])})
+
+
+TIERS = DelayTiers({"delay_1s": 1.0, "delay_5s": 5.0, "delay_100ms": 0.1})
+ROUTES = {
+    "process": Route("p.process", Retry(3, (1.0, 5.0)), "p.process_dlq"),
+    "process_dlq": Route("p.process_dlq", Retry(None, (1.0, 5.0)), None),
+}
+
+
+def _delivery(producer: RecordingProducer, parked: list[Any] | None = None) -> Delivery:
+    async def park(stage: str, msg: Incoming, error: str) -> None:
+        assert parked is not None
+        parked.append((stage, msg.value, error))
+
+    async def publish(key: str, payload: Any) -> None:
+        raise AssertionError("not used")
+
+    return Delivery(producer=producer, tiers=TIERS, routes=ROUTES,  # type: ignore[arg-type]
+                    publish=publish, park=park, deps=None)
+
+
+def _msg(value: bytes, attempt: int = 0, topic: str = "p.process") -> Incoming:
+    return Incoming(topic=topic, partition=2, offset=41, key=b"q",
+                    value=value, headers=[("trace", b"t1"), (h.ATTEMPT, str(attempt).encode())])
+
+
+def _counter(stage: str, outcome: str) -> float:
+    return REGISTRY.get_sample_value("stovepipe_deliveries_total",
+                                     {"stage": stage, "outcome": outcome}) or 0.0
+
+
+def _stage(result: Outcome | BaseException, key: str = "process") -> Stage[ProcessRequest]:
+    async def handle(payload: ProcessRequest, ctx: Context) -> Outcome:
+        assert payload.id == "request/q/1"
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    return Stage(key, ProcessRequest, handle)
+
+
+PAYLOAD = marshal(ProcessRequest(id="request/q/1", queue_name="q"))
+
+
+def test_ack_produces_nothing_and_counts() -> None:
+    producer = RecordingProducer()
+    before = _counter("process", "ack")
+    asyncio.run(_delivery(producer).deliver(_stage(ACK), _msg(PAYLOAD)))
+    assert producer.sent == []
+    assert _counter("process", "ack") == before + 1
+
+
+def test_hold_goes_to_the_fitting_tier_with_due_time_and_same_attempt() -> None:
+    producer = RecordingProducer()
+    start = time.time()
+    asyncio.run(_delivery(producer).deliver(_stage(Hold(2.5)), _msg(PAYLOAD, attempt=1)))
+    [sent] = producer.sent
+    assert sent["topic"] == "delay_1s"  # the longest tier not longer than 2.5 s
+    assert sent["key"] == b"q" and sent["value"] == PAYLOAD
+    assert h.get(sent["headers"], h.TARGET) == b"p.process"
+    assert h.get_int(sent["headers"], h.ATTEMPT) == 1
+    due = h.get_int(sent["headers"], h.DUE_MS) / 1000
+    assert start + 2.5 <= due + 0.001 <= time.time() + 2.5 + 0.01
+    assert ("trace", b"t1") in sent["headers"]
+
+
+def test_retryable_error_redelivers_with_the_next_attempt_and_its_backoff() -> None:
+    producer = RecordingProducer()
+    asyncio.run(_delivery(producer).deliver(_stage(RetryableError("later")),
+                                            _msg(PAYLOAD, attempt=1)))
+    [sent] = producer.sent
+    assert sent["topic"] == "delay_5s"  # backoff before retry 2 is 5 s
+    assert h.get_int(sent["headers"], h.ATTEMPT) == 2
+
+
+def test_unclassified_error_dead_letters_with_every_header() -> None:
+    producer = RecordingProducer()
+    before = _counter("process", "dead_letter")
+    asyncio.run(_delivery(producer).deliver(_stage(KeyError("boom")), _msg(PAYLOAD)))
+    [sent] = producer.sent
+    assert sent["topic"] == "p.process_dlq" and sent["value"] == PAYLOAD
+    names = {k for k, _ in sent["headers"]}
+    assert {h.DLQ_SOURCE_TOPIC, h.DLQ_SOURCE_PARTITION, h.DLQ_SOURCE_OFFSET, h.DLQ_ATTEMPTS,
+            h.DLQ_ERROR_CLASS, h.DLQ_ERROR_MESSAGE, h.DLQ_TIME} <= names
+    assert h.get(sent["headers"], h.DLQ_SOURCE_OFFSET) == b"41"
+    assert h.get(sent["headers"], h.DLQ_ERROR_CLASS) == b"builtins.KeyError"
+    assert _counter("process", "dead_letter") == before + 1
+
+
+def test_a_failed_publish_is_retryable_not_dead_lettered() -> None:
+    producer = RecordingProducer()
+    asyncio.run(_delivery(producer).deliver(_stage(PublishFailed("x")), _msg(PAYLOAD)))
+    assert producer.sent[0]["topic"] == "delay_1s"
+
+
+def test_produce_failures_are_retried_until_acknowledged() -> None:
+    producer = RecordingProducer(fail_first=2)
+    asyncio.run(_delivery(producer).deliver(_stage(KeyError("boom")), _msg(PAYLOAD)))
+    assert [s["topic"] for s in producer.sent] == ["p.process_dlq"]
+
+
+def test_undecodable_on_a_stage_dead_letters_and_on_a_reconciler_parks() -> None:
+    producer, parked = RecordingProducer(), []
+    delivery = _delivery(producer, parked)
+    asyncio.run(delivery.deliver(_stage(ACK), _msg(b"\x00garbage")))
+    assert producer.sent[0]["topic"] == "p.process_dlq"
+    assert producer.sent[0]["value"] == b"\x00garbage"
+    asyncio.run(delivery.deliver(_stage(ACK, key="process_dlq"),
+                                 _msg(b"\x00garbage", topic="p.process_dlq")))
+    assert len(producer.sent) == 1
+    assert parked and parked[0][0] == "process_dlq" and "MalformedPayload" in parked[0][2]
+
+
+@pytest.mark.parametrize("error", [KeyError("x"), RetryableError("y")])
+def test_reconciler_retries_every_error(error: BaseException) -> None:
+    producer = RecordingProducer()
+    asyncio.run(_delivery(producer).deliver(_stage(error, key="process_dlq"),
+                                            _msg(PAYLOAD, attempt=7, topic="p.process_dlq")))
+    [sent] = producer.sent
+    assert sent["topic"] == "delay_5s"  # capped at the last backoff
+    assert h.get(sent["headers"], h.TARGET) == b"p.process_dlq"
+    assert h.get_int(sent["headers"], h.ATTEMPT) == 8
