@@ -5,6 +5,13 @@ from __future__ import annotations
 import click
 
 from store.cli import db_group
+from streams.commands import (
+    fact_command,
+    ingest_command,
+    queue_command,
+    request_command,
+    worker_command,
+)
 from streams.devstack.cli import dev_group
 from streams.topics_cli import topics_group
 
@@ -14,6 +21,10 @@ def main() -> None:
     """Stovepipe: at which commit is this branch green?"""
 
 
-main.add_command(dev_group)
-main.add_command(db_group)
-main.add_command(topics_group)
+for _command in (dev_group, db_group, topics_group, worker_command, ingest_command,
+                 request_command, queue_command, fact_command):
+    main.add_command(_command)
+
+
+if __name__ == "__main__":
+    main()

@@ -52,3 +52,13 @@ PARKED = Counter(
 
 def count(stage: str, outcome: OutcomeLabel) -> None:
     DELIVERIES.labels(stage=stage, outcome=outcome).inc()
+PROMOTION_SKIPPED = Counter(
+    "stovepipe_promotion_skipped_total",
+    "Promotions not done because the commit is no longer on the ref (force-push).",
+    ["queue"],
+)
+RECONCILED = Counter(
+    "stovepipe_reconciled_total",
+    "Requests a reconciler drove to failed.",
+    ["stage"],
+)

@@ -192,19 +192,22 @@ def _agent_for(stage: Stage[Any], runtime: RuntimeService) -> Callable[[Any], Aw
     return run_stage
 
 
+def park_into(db: Any) -> Park:
+    """Park undecodable reconciler messages in the store's ``parked_message`` table."""
+
+    async def park(stage: str, msg: Incoming, error: str) -> None:
+        await db.parked.park(topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                             key=msg.key, value=msg.value, headers=msg.headers, error=error)
+
+    return park
+
+
 def database_deps(dsn: str, *, max_size: int = 10) -> OpenDeps:
-    """Deps for a worker whose stages use the store: the Database is the deps, and
-    undecodable reconciler messages are parked in its ``parked_message`` table."""
+    """Deps for a worker whose stages use only the store: the Database is the deps."""
     from store import Database
 
     async def open_deps() -> tuple[Deps, Park, Callable[[], Awaitable[None]]]:
         db = await Database.open(dsn, max_size=max_size, name="stovepipe-worker")
-
-        async def park(stage: str, msg: Incoming, error: str) -> None:
-            await db.parked.park(topic=msg.topic, partition=msg.partition, offset=msg.offset,
-                                 key=msg.key, value=msg.value, headers=msg.headers,
-                                 error=error)
-
-        return db, park, db.close
+        return db, park_into(db), db.close
 
     return open_deps

@@ -1,0 +1,45 @@
+"""The BuildRunner contract. Build ids are minted by the runner and opaque elsewhere.
+
+Each runner classifies its own failures: `BuildRunnerError.retryable` (e.g. HTTP
+5xx/429/408 from a hosted CI) or not (a bad configuration, a rejected trigger).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from store.entities import BuildStatus
+
+
+class BuildRunnerError(Exception):
+    """A failure of the runner. Non-retryable unless marked."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    status: BuildStatus
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+class BuildRunner(Protocol):
+    async def trigger(self, base_uri: str | None, head_uri: str,
+                      metadata: Mapping[str, str]) -> str:
+        """Start a build of ``head_uri`` (incremental from ``base_uri`` when given, full
+        when None) and return its build id."""
+        ...
+
+    async def status(self, build_id: str) -> BuildReport:
+        """The build's current status. Any worker may ask about any build."""
+        ...
+
+    async def cancel(self, build_id: str) -> None:
+        """Stop the build; idempotent; a finished build stays as it ended."""
+        ...

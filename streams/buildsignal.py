@@ -1,0 +1,94 @@
+"""buildsignal(build id): poll a build until terminal, then settle its Request (design §5).
+
+The poll loop is a chain of holds on the build's own key. A terminal status is stored
+write-once; the first terminal build of a Request releases its slot and stamps its
+outcome in one transaction (first writer wins), then hands the Request to record.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from contract import BuildSignal, Record, TopicKey
+from store import Build, BuildStatus, InvariantViolation, NotFound, Request, RequestState
+from streams.deps import Deps, check_queue_name
+from streams.runtime import ACK, Hold, Outcome, RetryableError
+from streams.runtime.stage import Context
+from streams.stagekit import seconds, with_cas_retries
+
+
+async def handle_buildsignal(payload: BuildSignal, ctx: Context) -> Outcome:
+    return await with_cas_retries(lambda: _poll(payload, ctx))
+
+
+async def _poll(payload: BuildSignal, ctx: Context) -> Outcome:
+    deps: Deps = ctx.deps
+    build = await _load_build(deps, payload)
+    request = await deps.db.requests.get(build.queue, build.request_id)
+    if request.state.is_outcome:
+        if build.status.is_terminal:
+            # an earlier delivery settled the Request and may have died before publishing
+            await _publish_to_record(ctx, request)
+        return ACK  # a duplicate build of a settled Request needs no more polling
+    if request.state is not RequestState.PROCESSING:
+        return ACK  # superseded, or failed by a reconciler
+
+    config = deps.queue_config(build.queue)
+    if not build.status.is_terminal:
+        build = await _refresh_status(ctx, build, seconds(config.poll_deadline))
+    if not build.status.is_terminal:
+        delay = (config.poll_delay_running if build.status is BuildStatus.RUNNING
+                 else config.poll_delay_queued)
+        return Hold(seconds(delay))
+
+    outcome = build.status.request_outcome
+    async with deps.db.transaction() as tx:
+        queue = await tx.queues.get(request.queue)
+        await tx.queues.release_slot(queue)
+        request = await tx.requests.transition(request, outcome)
+    ctx.log.info("settled build_id=%s outcome=%s", build.id, outcome)
+    await _publish_to_record(ctx, request)
+    return ACK
+
+
+class BuildNotVisible(RetryableError):
+    """build publishes the poll loop just before writing the build row: retry until the
+    row appears (if build died in between, the retries run out and the DLQ reconciler
+    finds no build to fail)."""
+
+
+async def _load_build(deps: Deps, payload: BuildSignal) -> Build:
+    try:
+        if payload.queue_name:
+            build = await deps.db.builds.get(payload.queue_name, payload.id)
+        else:
+            build = await deps.db.builds.get_by_id(payload.id)
+    except NotFound as exc:
+        raise BuildNotVisible(str(exc)) from exc
+    check_queue_name(payload.queue_name, build.queue, f"build {build.id}")
+    return build
+
+
+async def _refresh_status(ctx: Context, build: Build, deadline_s: float) -> Build:
+    runner = ctx.deps.extensions.build_runner(build.queue)
+    age = (datetime.now(UTC) - build.created_at).total_seconds()
+    if age > deadline_s:
+        # a hung build must not wedge its queue: stop it and count it as not green
+        await runner.cancel(build.id)
+        ctx.log.warning("poll_deadline build_id=%s age=%.0fs deadline=%.0fs", build.id,
+                        age, deadline_s)
+        status = BuildStatus.FAILED
+    else:
+        status = (await runner.status(build.id)).status
+    if status is build.status:
+        return build
+    try:
+        return await ctx.deps.db.builds.set_status(build, status)
+    except InvariantViolation:
+        # another delivery stored a terminal status first: it stays (write-once)
+        return await ctx.deps.db.builds.get(build.queue, build.id)
+
+
+async def _publish_to_record(ctx: Context, request: Request) -> None:
+    await ctx.publish(TopicKey.RECORD, Record(id=request.id, queue_name=request.queue))
+

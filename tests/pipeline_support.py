@@ -1,0 +1,254 @@
+"""The pipeline under test: real worker processes, the CLI, topics and a schema.
+
+Tests act only through the `stovepipe` command, the Kafka topics and the database; the
+fake source control's file stands in for the repository a developer pushes to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+
+from streams.settings import REPO_ROOT
+from streams.sourcecontrol.fake import FakeRepo
+from streams.topics import TopicsConfig
+from tests.runtime_support import create_topics, write_test_topics
+from tests.waiting import wait_until
+
+STOVEPIPE = [sys.executable, "-m", "streams.cli"]
+TERMINAL = ("superseded", "succeeded", "failed", "cancelled")
+
+
+class Pipeline:
+    """One isolated Stovepipe deployment: its own topics, schema, queues and workers."""
+
+    def __init__(self, *, bootstrap: str, dsn: str, prefix: str, root: Path) -> None:
+        self.bootstrap, self.dsn, self.prefix, self.root = bootstrap, dsn, prefix, root
+        self.repo_file = root / "repo.json"
+        self.cancel_dir = root / "cancelled"
+        self.cancel_dir.mkdir(exist_ok=True)
+        self.repo = FakeRepo(self.repo_file)
+        self.topics_file = write_test_topics(root / "topics.yaml")
+        self.topics: TopicsConfig = create_topics(bootstrap, self.topics_file, prefix)
+        self.queues_file = root / "queues.yaml"
+        self.queues: dict[str, dict[str, Any]] = {}
+        self.app_id = f"{prefix}stovepipe-{uuid.uuid4().hex[:6]}"
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self._log_index = 0
+
+    # -- configuration -------------------------------------------------------------
+    def add_queue(self, name: str, *, max_concurrent: int = 1, poll_deadline: str = "60s",
+                  promotion_ref: str | None = "verified-main", ref: str | None = None,
+                  **extra: Any) -> str:
+        ref = ref or f"{name}-main"
+        self.queues[name] = {
+            "source_control": {"kind": "fake", "path": str(self.repo_file), "repo": "r",
+                               "ref": ref,
+                               **({"promotion_ref": f"{ref}-{promotion_ref}"}
+                                  if promotion_ref else {})},
+            "build_runner": {"kind": "fake", "state_dir": str(self.cancel_dir)},
+            "max_concurrent": max_concurrent,
+            "gate_delay": "200ms",
+            "poll_delay_queued": "200ms",
+            "poll_delay_running": "200ms",
+            "poll_deadline": poll_deadline,
+            **extra,
+        }
+        self.queues_file.write_text(yaml.safe_dump({"queues": self.queues}))
+        return ref
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, STOVEPIPE_KAFKA_BOOTSTRAP=self.bootstrap,
+                    STOVEPIPE_POSTGRES_DSN=self.dsn, STOVEPIPE_TOPIC_PREFIX=self.prefix,
+                    STOVEPIPE_TOPICS_FILE=str(self.topics_file),
+                    STOVEPIPE_QUEUES_FILE=str(self.queues_file), STOVEPIPE_APP_ID=self.app_id)
+
+    # -- processes -----------------------------------------------------------------
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        self._log_index += 1
+        with open(self.root / f"worker-{self._log_index}.log", "wb") as log:
+            proc = subprocess.Popen([*STOVEPIPE, "worker", "--loglevel", "info"],
+                                    env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=REPO_ROOT)
+        self.workers.append(proc)
+        return proc
+
+    def kill_worker(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def stop_workers(self) -> None:
+        for proc in self.workers:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.workers:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-4000:]
+                         for p in sorted(self.root.glob("worker-*.log")))
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([*STOVEPIPE, *args], env=self.env, capture_output=True,
+                                text=True, timeout=120, cwd=REPO_ROOT)
+        if check and result.returncode != 0:
+            raise AssertionError(f"stovepipe {' '.join(args)} exited {result.returncode}: "
+                                 f"{result.stderr}")
+        return result
+
+    def ingest(self, queue: str) -> str:
+        return self.cli("ingest", queue).stdout.strip()
+
+    def request(self, request_id: str) -> dict[str, Any]:
+        return json.loads(self.cli("request", request_id, "--json").stdout)
+
+    def queue(self, name: str) -> dict[str, Any]:
+        return json.loads(self.cli("queue", name, "--json").stdout)["queue"]
+
+    # -- database ------------------------------------------------------------------
+    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn) as conn:
+            return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+
+    def execute(self, sql: str) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(sql)  # type: ignore[arg-type]
+
+    def queue_latest(self, name: str) -> str | None:
+        rows = self.query("SELECT latest_request_id FROM queue WHERE name = %s", name)
+        return rows[0][0] if rows else None
+
+    def states(self, queue: str | None = None) -> dict[str, str]:
+        rows = self.query("SELECT id, state FROM request" +
+                          (" WHERE queue = %s" if queue else ""), *([queue] if queue else []))
+        return dict(rows)  # type: ignore[arg-type]
+
+    def wait_terminal(self, request_ids: list[str] | None = None, timeout: float = 90) -> None:
+        def done() -> bool:
+            for proc in self.workers[-1:]:
+                assert proc.poll() is None, self.logs()
+            states = self.states()
+            wanted = request_ids if request_ids is not None else list(states)
+            return bool(wanted) and all(states.get(r) in TERMINAL for r in wanted)
+
+        wait_until(done, timeout=timeout, what="every Request terminal", interval=0.2)
+
+    def wait_quiet(self, timeout: float = 90) -> None:
+        """Every Request terminal and every fact/bookmark written for the green ones."""
+        self.wait_terminal(timeout=timeout)
+
+        def settled() -> bool:
+            return not self.invariant_violations(strict_bookmark=True)
+
+        wait_until(settled, timeout=timeout, what="facts and bookmarks to settle",
+                   interval=0.2)
+
+    def invariant_violations(self, *, strict_bookmark: bool = False) -> list[str]:
+        """Design §4's invariants at a quiet point; [] when all hold."""
+        problems: list[str] = []
+        queues = self.query("SELECT name, in_flight_count, last_green_uri, "
+                            "last_green_request_id FROM queue")
+        processing: dict[str, int] = defaultdict(int)
+        for (queue,) in self.query("SELECT queue FROM request WHERE state = 'processing'"):
+            processing[queue] += 1
+        facts = {(q, u): (d, r) for q, u, d, r in self.query(
+            "SELECT queue, uri, degree, request_id FROM validation_fact WHERE project = ''")}
+        states = dict(self.query("SELECT id, state FROM request"))
+        for name, in_flight, green_uri, green_id in queues:
+            if in_flight != processing[name]:
+                problems.append(f"{name}: in_flight_count {in_flight} but "
+                                f"{processing[name]} processing")
+            if green_id is not None:
+                fact = facts.get((name, green_uri))
+                if fact is None or fact[0] != 0 or fact[1] != green_id:
+                    problems.append(f"{name}: bookmark {green_id} names no green fact")
+            greens = [r for (q, _), (d, r) in facts.items() if q == name and d == 0]
+            if strict_bookmark and greens:
+                newest = max(greens, key=lambda r: int(r.rsplit("/", 1)[1]))
+                if green_id != newest:
+                    problems.append(f"{name}: bookmark {green_id}, newest green {newest}")
+            sc = self.queues.get(name, {}).get("source_control", {})
+            if strict_bookmark and sc.get("promotion_ref"):
+                promoted = self.repo.promoted(sc["promotion_ref"])
+                expected = green_uri.rsplit("/", 1)[1] if green_uri else None
+                if promoted != expected:
+                    problems.append(f"{name}: promotion ref at {promoted}, bookmark at "
+                                    f"{expected}")
+        for (q, uri), (degree, rid) in facts.items():
+            if states.get(rid) not in ("succeeded", "failed"):
+                problems.append(f"fact for {q} {uri} by {rid} in state {states.get(rid)}")
+            if (degree == 0) != (states.get(rid) == "succeeded"):
+                problems.append(f"fact degree {degree} but {rid} is {states.get(rid)}")
+        return problems
+
+    def dump(self) -> dict[str, list[tuple[Any, ...]]]:
+        tables = {"queue": "name", "request": "queue, id", "request_uri": "queue, uri",
+                  "build": "queue, id", "validation_fact": "queue, uri, project",
+                  "queue_counter": "queue", "parked_message": "id"}
+        return {t: self.query(f"SELECT * FROM {t} ORDER BY {order}")
+                for t, order in tables.items()}
+
+
+def group_lag(bootstrap: str, group: str, topics: list[str]) -> int:
+    """Messages of `topics` not yet committed by consumer group `group`."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        metadata = consumer.list_topics(timeout=10)
+        partitions = [TopicPartition(t, p) for t in topics
+                      for p in metadata.topics[t].partitions]
+        committed = consumer.committed(partitions, timeout=10)
+        lag = 0
+        for tp in committed:
+            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            position = tp.offset if tp.offset >= 0 else low
+            lag += max(0, high - position)
+        return lag
+    finally:
+        consumer.close()
+
+
+def reset_group_to_beginning(bootstrap: str, group: str, topics: list[str]) -> None:
+    """What `stovepipe replay --to-beginning` does, for a group with no live member."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    metadata = admin.list_topics(timeout=10)
+    partitions = [TopicPartition(t, p, 0) for t in topics
+                  for p in metadata.topics[t].partitions]
+    futures = admin.alter_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, partitions)])
+    for fut in futures.values():
+        fut.result(timeout=30)
+
+
+def produce_ingests(bootstrap: str, topics: TopicsConfig, queues: list[str]) -> None:
+    from confluent_kafka import Producer
+
+    from contract import IngestRequest, marshal
+    from streams.kafka_clients import producer_conf
+
+    producer = Producer(producer_conf(bootstrap))
+    spec = topics.stage("ingest")
+    for queue in queues:
+        producer.produce(spec.full_name, key=queue.encode(),
+                         value=marshal(IngestRequest(queue=queue)))
+    assert producer.flush(30) == 0

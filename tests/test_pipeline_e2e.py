@@ -1,0 +1,308 @@
+"""The Stovepipe pipeline end to end: real worker processes on the real broker and
+database, driven only through the CLI, the topics and the fake repository's file."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.pipeline_support import (
+    Pipeline,
+    group_lag,
+    produce_ingests,
+    reset_group_to_beginning,
+)
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
+
+
+@pytest.fixture
+def pipeline(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
+             tmp_path: Path) -> Iterator[Pipeline]:
+    p = Pipeline(bootstrap=kafka_bootstrap, dsn=migrated_dsn, prefix=topic_prefix,
+                 root=tmp_path)
+    try:
+        yield p
+    finally:
+        p.stop_workers()
+
+
+def _uri(ref: str, sha: str) -> str:
+    return f"fake://r/{ref}/{sha}"
+
+
+def test_happy_path_green_fact_bookmark_and_promotion(pipeline: Pipeline) -> None:
+    ref = pipeline.add_queue("team/main")
+    pipeline.repo.push(ref, "a1")
+    pipeline.start_worker()
+    rid = pipeline.ingest("team/main")
+    assert rid == "request/team/main/1"
+    pipeline.wait_quiet()
+    shown = pipeline.request(rid)
+    assert shown["request"]["state"] == "succeeded"
+    assert shown["request"]["build_strategy"] == "full"
+    assert shown["fact"]["degree"] == 0
+    queue = pipeline.queue("team/main")
+    assert queue["last_green_uri"] == _uri(ref, "a1")
+    assert queue["last_green_request_id"] == rid
+    assert queue["in_flight_count"] == 0
+    assert pipeline.repo.promoted(f"{ref}-verified-main") == "a1"
+    assert pipeline.cli("fact", "team/main", _uri(ref, "a1")).returncode == 0
+    # the next head builds incrementally from the last green commit
+    pipeline.repo.push(ref, "a2")
+    rid2 = pipeline.ingest("team/main")
+    pipeline.wait_quiet()
+    second = pipeline.request(rid2)["request"]
+    assert second["build_strategy"] == "incremental"
+    assert second["base_uri"] == _uri(ref, "a1")
+    assert pipeline.repo.promoted(f"{ref}-verified-main") == "a2"
+    assert pipeline.invariant_violations(strict_bookmark=True) == []
+
+
+def test_broken_head_is_red_and_moves_nothing(pipeline: Pipeline) -> None:
+    ref = pipeline.add_queue("q")
+    pipeline.repo.push(ref, "g1")
+    pipeline.start_worker()
+    pipeline.ingest("q")
+    pipeline.wait_quiet()
+    pipeline.repo.push(ref, "b2-fail")
+    rid = pipeline.ingest("q")
+    pipeline.wait_quiet()
+    shown = pipeline.request(rid)
+    assert shown["request"]["state"] == "failed"
+    assert shown["fact"]["degree"] == 1
+    queue = pipeline.queue("q")
+    assert queue["last_green_uri"] == _uri(ref, "g1")
+    assert pipeline.repo.promoted(f"{ref}-verified-main") == "g1"
+    assert pipeline.cli("fact", "q", _uri(ref, "b2-fail"), check=False).returncode == 3
+
+
+def test_worked_example_backlog_collapses_to_newest_head(pipeline: Pipeline) -> None:
+    ref = pipeline.add_queue("q", max_concurrent=1)
+    pipeline.start_worker()
+    pipeline.repo.push(ref, "A-slow15")
+    rid_a = pipeline.ingest("q")
+    wait_until(lambda: pipeline.states().get(rid_a) == "processing", timeout=60,
+               what="A admitted")
+    ids = {"A": rid_a}
+    for name in "BCDEF":
+        pipeline.repo.push(ref, name)
+        ids[name] = pipeline.ingest("q")
+    assert pipeline.states()[rid_a] == "processing", "A finished too early to test this"
+    pipeline.wait_quiet(timeout=120)
+    states = pipeline.states()
+    assert states[ids["A"]] == "succeeded"
+    assert states[ids["F"]] == "succeeded"
+    assert [states[ids[n]] for n in "BCDE"] == ["superseded"] * 4
+    assert pipeline.queue("q")["in_flight_count"] == 0
+    assert pipeline.queue("q")["last_green_request_id"] == ids["F"]
+    assert pipeline.query("SELECT count(*) FROM build")[0][0] == 2
+
+
+def test_history_rewrite_builds_full(pipeline: Pipeline) -> None:
+    ref = pipeline.add_queue("q")
+    pipeline.repo.push(ref, "c1", "c2")
+    pipeline.start_worker()
+    pipeline.ingest("q")
+    pipeline.wait_quiet()
+    pipeline.repo.force_push(ref, "x1")  # c1, c2 are gone from the ref
+    rid = pipeline.ingest("q")
+    pipeline.wait_quiet()
+    request = pipeline.request(rid)["request"]
+    assert request["build_strategy"] == "full"
+    assert request["base_uri"] is None
+    assert request["state"] == "succeeded"
+    assert pipeline.repo.promoted(f"{ref}-verified-main") == "x1"
+
+
+@pytest.mark.parametrize("fault", ["ancestryerror", "triggererror", "statuserror"])
+def test_fail_closed_through_the_dlq(pipeline: Pipeline, fault: str) -> None:
+    """process (ancestry lookup), build (trigger) and buildsignal (status) faults that can
+    never succeed end `failed` through their DLQ reconciler, and the queue goes on."""
+    ref = pipeline.add_queue("q")
+    pipeline.repo.push(ref, "ok1")
+    pipeline.start_worker()
+    pipeline.ingest("q")
+    pipeline.wait_quiet()
+    pipeline.repo.push(ref, f"bad-{fault}")
+    rid = pipeline.ingest("q")
+    pipeline.wait_terminal([rid])
+    assert pipeline.states()[rid] == "failed"
+    assert pipeline.queue("q")["in_flight_count"] == 0
+    pipeline.repo.push(ref, "ok2")
+    rid_next = pipeline.ingest("q")
+    pipeline.wait_quiet()
+    assert pipeline.states()[rid_next] == "succeeded"
+    assert pipeline.queue("q")["last_green_request_id"] == rid_next
+    assert pipeline.invariant_violations(strict_bookmark=True) == []
+
+
+def test_record_dlq_recovers_a_fact_whose_first_write_failed(pipeline: Pipeline) -> None:
+    ref = pipeline.add_queue("q")
+    # the first fact insert for this commit fails for good (non-retryable), once
+    # the first fact insert fails for good (non-retryable); sequences are not rolled
+    # back with the failed statement, so only the first insert fails
+    pipeline.execute("""
+        CREATE SEQUENCE fact_inserts;
+        CREATE FUNCTION fail_first_fact() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF nextval('fact_inserts') = 1 THEN
+                RAISE EXCEPTION 'injected failure' USING ERRCODE = 'data_exception';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER fail_first_fact BEFORE INSERT ON validation_fact
+            FOR EACH ROW EXECUTE FUNCTION fail_first_fact();""")
+    pipeline.repo.push(ref, "r1")
+    pipeline.start_worker()
+    rid = pipeline.ingest("q")
+    pipeline.wait_quiet()
+    assert pipeline.request(rid)["fact"]["degree"] == 0
+    assert pipeline.queue("q")["last_green_request_id"] == rid
+    assert pipeline.query("SELECT last_value FROM fact_inserts")[0][0] >= 2  # it did fail
+
+
+def test_hung_build_fails_at_the_poll_deadline_and_frees_the_queue(
+        pipeline: Pipeline) -> None:
+    ref = pipeline.add_queue("q", poll_deadline="3s")
+    pipeline.repo.push(ref, "h1-hang")
+    pipeline.start_worker()
+    rid = pipeline.ingest("q")
+    pipeline.wait_terminal([rid], timeout=60)
+    assert pipeline.states()[rid] == "failed"
+    assert any(pipeline.cancel_dir.iterdir()), "the hung build was not cancelled"
+    pipeline.repo.push(ref, "h2")
+    rid2 = pipeline.ingest("q")
+    pipeline.wait_quiet()
+    assert pipeline.states()[rid2] == "succeeded"
+
+
+def test_the_same_head_ingested_100_times_concurrently_is_one_request(
+        pipeline: Pipeline) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    from store import Database
+    from streams.deps import Deps
+    from streams.ingest import ingest_queue
+    from streams.queueconfig import Extensions, load_queues
+    from streams.runtime.stage import publish_payload
+
+    ref = pipeline.add_queue("q")
+    pipeline.repo.push(ref, "same")
+
+    async def hundred() -> set[str]:
+        queues = load_queues(pipeline.queues_file)
+        db = await Database.open(pipeline.dsn, max_size=20)
+        producer = AIOKafkaProducer(bootstrap_servers=pipeline.bootstrap)
+        await producer.start()
+        try:
+            async def publish(key: str, payload: object) -> None:
+                spec = pipeline.topics.stage(key)
+                await publish_payload(producer, spec.full_name, payload,  # type: ignore[arg-type]
+                                      spec.key_field)
+
+            deps = Deps(db=db, queues=queues, extensions=Extensions(queues))
+            ids = await asyncio.gather(*(ingest_queue(deps, "q", publish)
+                                         for _ in range(100)))
+            return set(ids)
+        finally:
+            await producer.stop()
+            await db.close()
+
+    assert asyncio.run(hundred()) == {"request/q/1"}
+    assert pipeline.ingest("q") == "request/q/1"  # and once more through the CLI
+    assert pipeline.query("SELECT count(*) FROM request")[0][0] == 1
+    pipeline.start_worker()
+    pipeline.wait_quiet()
+    assert pipeline.states() == {"request/q/1": "succeeded"}
+    assert pipeline.query("SELECT count(*) FROM build")[0][0] == 1  # duplicates absorbed
+
+
+def _groups_and_topics(pipeline: Pipeline) -> dict[str, list[str]]:
+    """Each consumer group of the workers and the topics it consumes."""
+    topics = pipeline.topics
+    return {
+        pipeline.app_id: [t.full_name for t in (*topics.stages.values(),
+                                                *topics.dead_letters.values())],
+        f"{pipeline.app_id}-delay": [t.full_name for t in topics.delay_tiers],
+    }
+
+
+def test_replay_from_the_beginning_changes_nothing(pipeline: Pipeline) -> None:
+    refs = {q: pipeline.add_queue(q) for q in ("r1", "r2")}
+    pipeline.start_worker()
+    for i, sha in enumerate(["c1", "c2-fail", "c3", "c4-slow1"]):
+        for q, ref in refs.items():
+            pipeline.repo.push(ref, f"{q}-{sha}")
+        if i % 2:
+            produce_ingests(pipeline.bootstrap, pipeline.topics, list(refs))
+            wait_until(lambda i=i: len(pipeline.states()) >= 2 * (i + 1), timeout=60,
+                       what="ingest through the topic")
+        else:
+            for q in refs:
+                pipeline.ingest(q)
+    pipeline.wait_quiet()
+    before = pipeline.dump()
+    pipeline.stop_workers()
+
+    groups = _groups_and_topics(pipeline)
+    for group, topics in groups.items():
+        reset_group_to_beginning(pipeline.bootstrap, group, topics)
+    assert group_lag(pipeline.bootstrap, pipeline.app_id, groups[pipeline.app_id]) > 0
+    pipeline.start_worker()
+    for group, topics in groups.items():
+        wait_until(lambda g=group, t=topics: group_lag(pipeline.bootstrap, g, t) == 0,
+                   timeout=120, what=f"{group} to drain the replay", interval=0.5)
+    assert pipeline.dump() == before
+    assert pipeline.invariant_violations(strict_bookmark=True) == []
+
+
+def _run_many_heads(pipeline: Pipeline, *, queues: int, rounds: int, kill: bool,
+                    workers: int, seed: int) -> None:
+    """`rounds` heads on each of `queues` queues, ingested through the topic, while
+    workers are killed (SIGKILL) or stopped (SIGTERM) along the way."""
+    import random
+
+    rng = random.Random(seed)
+    names = [f"crash{i}" for i in range(queues)]
+    refs = {q: pipeline.add_queue(q, max_concurrent=rng.choice([1, 1, 2])) for q in names}
+    procs = [pipeline.start_worker() for _ in range(workers)]
+    disruptions = {rounds // 4, rounds // 2, 3 * rounds // 4} if kill else {rounds // 2}
+    for r in range(rounds):
+        for q, ref in refs.items():
+            flavour = rng.choice(["", "", "", "-fail", "-slow1"])
+            pipeline.repo.push(ref, f"{q}-h{r}{flavour}")
+        before = {q: pipeline.queue_latest(q) for q in names}
+        produce_ingests(pipeline.bootstrap, pipeline.topics, names)
+        if r in disruptions:
+            victim = procs.pop(rng.randrange(len(procs)))
+            if kill:
+                pipeline.kill_worker(victim)
+                procs.append(pipeline.start_worker())
+            else:
+                victim.terminate()
+                victim.wait(timeout=60)
+        wait_until(lambda before=before: all(
+            pipeline.queue_latest(q) != before[q] for q in names), timeout=120,
+            what=f"round {r} ingested", interval=0.3)
+    pipeline.wait_quiet(timeout=240)
+
+
+def test_crash_sigkill_three_times_300_heads_30_queues(pipeline: Pipeline) -> None:
+    _run_many_heads(pipeline, queues=30, rounds=10, kill=True, workers=1, seed=7)
+    states = pipeline.states()
+    assert len(states) == 300
+    assert all(s in ("superseded", "succeeded", "failed") for s in states.values())
+    assert pipeline.invariant_violations(strict_bookmark=True) == []
+
+
+def test_scale_out_two_workers_one_stopped_midway(pipeline: Pipeline) -> None:
+    _run_many_heads(pipeline, queues=30, rounds=10, kill=False, workers=2, seed=11)
+    states = pipeline.states()
+    assert len(states) == 300
+    assert all(s in ("superseded", "succeeded", "failed") for s in states.values())
+    assert pipeline.invariant_violations(strict_bookmark=True) == []

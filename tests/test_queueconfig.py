@@ -1,0 +1,382 @@
+"""queues.yaml: loading, defaults, every validation error, queue names, the extensions."""
+
+from __future__ import annotations
+
+import copy
+import string
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streams import settings as settings_mod
+from streams.buildrunner.fake import FakeBuildRunner
+from streams.queueconfig import (
+    DEFAULT_QUEUES_FILE,
+    ENV_QUEUES_FILE,
+    Extensions,
+    FakeBuildRunnerSpec,
+    FakeSourceControlSpec,
+    InvalidQueueName,
+    QueueConfig,
+    QueueConfigError,
+    QueuesConfig,
+    UnknownQueue,
+    load_queues,
+    make_build_runner,
+    make_source_control,
+    queues_file,
+    validate_queue_name,
+)
+from streams.sourcecontrol.fake import FakeRepo, FakeSourceControl
+
+SHIPPED = settings_mod.REPO_ROOT / "queues.yaml"
+FAKE_SC = {"kind": "fake", "path": "repo.json", "repo": "demo", "ref": "main"}
+FAKE_BR = {"kind": "fake"}
+
+
+def _write(tmp_path: Path, doc: Any, name: str = "queues.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _doc(**queue: Any) -> dict[str, Any]:
+    return {"queues": {"q": {"source_control": dict(FAKE_SC), "build_runner": dict(FAKE_BR),
+                             **queue}}}
+
+
+def _problems(tmp_path: Path, doc: Any) -> list[str]:
+    with pytest.raises(QueueConfigError) as info:
+        load_queues(_write(tmp_path, doc))
+    assert str(tmp_path / "queues.yaml") in str(info.value)
+    return info.value.problems
+
+
+# --- the shipped file and the defaults ---------------------------------------------------
+
+
+def test_the_shipped_file_declares_the_demo_queue() -> None:
+    config = load_queues(SHIPPED)
+    assert config.names() == ("demo/main",)
+    demo = config.get("demo/main")
+    assert demo.source_control == FakeSourceControlSpec(
+        path=settings_mod.REPO_ROOT / ".stovepipe-demo" / "repo.json", repo="demo",
+        ref="main", promotion_ref="verified-main")
+    assert demo.build_runner == FakeBuildRunnerSpec(
+        state_dir=settings_mod.REPO_ROOT / ".stovepipe-demo" / "builds")
+    assert (demo.max_concurrent, demo.gate_delay, demo.poll_delay_queued,
+            demo.poll_delay_running, demo.poll_deadline) == (
+        1, timedelta(seconds=1), timedelta(seconds=5), timedelta(seconds=2),
+        timedelta(hours=1))
+
+
+def test_the_file_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    monkeypatch.delenv(ENV_QUEUES_FILE, raising=False)
+    assert queues_file() == DEFAULT_QUEUES_FILE == SHIPPED
+    path = _write(tmp_path, _doc(), name="elsewhere.yaml")
+    monkeypatch.setenv(ENV_QUEUES_FILE, str(path))
+    assert queues_file() == path
+    assert load_queues().names() == ("q",)
+    assert load_queues().path == path
+
+
+def test_built_in_defaults_apply(tmp_path: Path) -> None:
+    queue = load_queues(_write(tmp_path, _doc())).get("q")
+    assert queue == QueueConfig(
+        name="q",
+        source_control=FakeSourceControlSpec(tmp_path.resolve() / "repo.json", "demo", "main"),
+        build_runner=FakeBuildRunnerSpec(None),
+    )
+    assert (queue.max_concurrent, queue.gate_delay, queue.poll_delay_queued,
+            queue.poll_delay_running, queue.poll_deadline) == (
+        1, timedelta(seconds=1), timedelta(seconds=5), timedelta(seconds=2),
+        timedelta(hours=1))
+
+
+def test_defaults_section_then_queue_entries_override(tmp_path: Path) -> None:
+    doc = {
+        "defaults": {"max_concurrent": 3, "gate_delay": "250ms", "poll_deadline": "10m",
+                     "source_control": dict(FAKE_SC), "build_runner": {"kind": "fake",
+                                                                       "state_dir": "b"}},
+        "queues": {
+            "plain": None,
+            "own": {"max_concurrent": 1, "poll_delay_running": "1m30s",
+                    "source_control": {**FAKE_SC, "ref": "dev", "path": "/abs/r.json",
+                                       "promotion_ref": "verified-dev"},
+                    "build_runner": {"kind": "fake"}},
+        },
+    }
+    config = load_queues(_write(tmp_path, doc))
+    assert config.names() == ("plain", "own")
+    plain, own = config.get("plain"), config.get("own")
+    assert (plain.max_concurrent, plain.gate_delay, plain.poll_deadline,
+            plain.poll_delay_running) == (3, timedelta(milliseconds=250),
+                                          timedelta(minutes=10), timedelta(seconds=2))
+    assert plain.source_control.path == tmp_path.resolve() / "repo.json"
+    assert plain.build_runner.state_dir == tmp_path.resolve() / "b"
+    assert (own.max_concurrent, own.gate_delay, own.poll_delay_running) == (
+        1, timedelta(milliseconds=250), timedelta(seconds=90))
+    # an extension spec is replaced whole, never merged key by key
+    assert own.source_control == FakeSourceControlSpec(Path("/abs/r.json"), "demo", "dev",
+                                                       "verified-dev")
+    assert own.build_runner == FakeBuildRunnerSpec(None)
+
+
+def test_relative_paths_do_not_depend_on_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "conf").mkdir()
+    _write(tmp_path / "conf", _doc())
+    monkeypatch.chdir(tmp_path)
+    queue = load_queues("conf/queues.yaml").get("q")
+    assert queue.source_control.path == tmp_path.resolve() / "conf" / "repo.json"
+    assert queue.source_control.path.is_absolute()
+
+
+# --- validation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("doc", "expected"), [
+    ("- a list", "expected a mapping with 'queues'"),
+    ("", "expected a mapping with 'queues'"),
+    ({"queues": {}}, "queues: declare at least one queue"),
+    ({"defaults": {}}, "queues: declare at least one queue"),
+    ({"queues": ["q"]}, "queues: expected a mapping, got list"),
+    ({**_doc(), "extra": 1}, "(top level): unknown field 'extra'"),
+    ({**_doc(), "defaults": {"max_concurent": 2}}, "defaults: unknown field 'max_concurent'"),
+    ({**_doc(), "defaults": "x"}, "defaults: expected a mapping, got str"),
+    (_doc(colour="red"), "queues.q: unknown field 'colour'"),
+    ({"queues": {"q": "x"}}, "queues.q: expected a mapping, got str"),
+    ({"queues": {"bad name": {}}}, "queues.bad name: invalid queue name 'bad name'"),
+    ({"queues": {"a//b": {}}}, "queues.a//b: invalid queue name 'a//b': it contains '//'"),
+    ({"queues": {7: {}}}, "queues.7: a queue name is a string, got 7"),
+    (_doc(max_concurrent=0), "queues.q.max_concurrent: must be a positive integer, got 0"),
+    (_doc(max_concurrent=-1), "queues.q.max_concurrent: must be a positive integer"),
+    (_doc(max_concurrent="2"), "queues.q.max_concurrent: must be a positive integer"),
+    (_doc(max_concurrent=True), "queues.q.max_concurrent: must be a positive integer"),
+    (_doc(max_concurrent=1.5), "queues.q.max_concurrent: must be a positive integer"),
+    (_doc(gate_delay=5), "queues.q.gate_delay: expected a duration such as 1s or 2m, got 5"),
+    (_doc(poll_delay_queued="fast"), "queues.q.poll_delay_queued: expected a duration"),
+    (_doc(poll_delay_running="0s"), "queues.q.poll_delay_running: must be longer than zero"),
+    (_doc(poll_deadline="1d"), "queues.q.poll_deadline: expected a duration"),
+    ({**_doc(), "defaults": {"gate_delay": "x"}}, "defaults.gate_delay: expected a duration"),
+    ({"queues": {"q": {"build_runner": FAKE_BR}}}, "queues.q: missing 'source_control'"),
+    ({"queues": {"q": {"source_control": FAKE_SC}}}, "queues.q: missing 'build_runner'"),
+    (_doc(source_control="git"), "queues.q.source_control: expected a source_control mapping"),
+    (_doc(source_control={"path": "r.json"}), "queues.q.source_control: missing 'kind'"),
+    (_doc(source_control={**FAKE_SC, "kind": "git"}),
+     "queues.q.source_control.kind: unknown source_control kind 'git'; expected one of "
+     "['fake']"),
+    (_doc(source_control={**FAKE_SC, "remote": "x"}),
+     "queues.q.source_control: unknown field 'remote'"),
+    (_doc(source_control={"kind": "fake"}), "queues.q.source_control: missing 'path'"),
+    (_doc(source_control={"kind": "fake", "path": "p", "ref": "main"}),
+     "queues.q.source_control: missing 'repo'"),
+    (_doc(source_control={"kind": "fake", "path": "p", "repo": "r"}),
+     "queues.q.source_control: missing 'ref'"),
+    (_doc(source_control={**FAKE_SC, "path": ""}),
+     "queues.q.source_control.path: expected a non-empty string"),
+    (_doc(source_control={**FAKE_SC, "ref": 3}),
+     "queues.q.source_control.ref: expected a non-empty string"),
+    (_doc(source_control={**FAKE_SC, "ref": " main"}),
+     "queues.q.source_control.ref: expected a non-empty string without surrounding spaces"),
+    (_doc(source_control={**FAKE_SC, "repo": "a/b"}),
+     "queues.q.source_control.repo: must be letters, digits"),
+    (_doc(source_control={**FAKE_SC, "promotion_ref": "main"}),
+     "queues.q.source_control.promotion_ref: must differ from ref 'main'"),
+    (_doc(build_runner={"kind": "command"}),
+     "queues.q.build_runner.kind: unknown build_runner kind 'command'; expected one of "
+     "['fake']"),
+    (_doc(build_runner={}), "queues.q.build_runner: missing 'kind'"),
+    (_doc(build_runner=None), "queues.q.build_runner: expected a build_runner mapping"),
+    (_doc(build_runner={"kind": "fake", "state_dir": ["x"]}),
+     "queues.q.build_runner.state_dir: expected a non-empty string"),
+    (_doc(build_runner={"kind": "fake", "script": "x"}),
+     "queues.q.build_runner: unknown field 'script'"),
+    ("queues: [unclosed", "not valid YAML"),
+])
+def test_each_problem_is_reported_with_its_yaml_path(tmp_path: Path, doc: Any,
+                                                     expected: str) -> None:
+    problems = _problems(tmp_path, doc)
+    assert any(expected in p for p in problems), problems
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    doc = {
+        "defaults": {"gate_delay": "soon"},
+        "queues": {
+            "a": {"max_concurrent": 0, "source_control": {"kind": "git"},
+                  "build_runner": FAKE_BR},
+            "b/": {},
+            "c": {"poll_deadline": "-1s", "source_control": FAKE_SC,
+                  "build_runner": {"kind": "command"}},
+        },
+    }
+    problems = _problems(tmp_path, doc)
+    wheres = [p.partition(": ")[0] for p in problems]
+    assert sorted(wheres) == [
+        "defaults.gate_delay",  # once, not once per queue
+        "queues.a.max_concurrent",
+        "queues.a.source_control.kind",
+        "queues.b/",
+        "queues.c.build_runner.kind",
+        "queues.c.poll_deadline",
+    ]
+
+
+def test_a_bad_default_is_reported_even_where_every_queue_overrides_it(tmp_path: Path) -> None:
+    doc = _doc(gate_delay="1s", build_runner=FAKE_BR)
+    doc["defaults"] = {"gate_delay": "later", "build_runner": {"kind": "buildkite"}}
+    assert sorted(p.partition(": ")[0] for p in _problems(tmp_path, doc)) == [
+        "defaults.build_runner.kind", "defaults.gate_delay"]
+
+
+def test_an_unreadable_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(QueueConfigError, match="cannot read") as info:
+        load_queues(missing)
+    assert info.value.path == missing
+    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe")
+    with pytest.raises(QueueConfigError, match="not UTF-8"):
+        load_queues(tmp_path / "bin.yaml")
+
+
+# --- unknown queues and the extensions -----------------------------------------------------
+
+
+def test_an_unknown_queue_names_itself_the_file_and_the_known_queues(tmp_path: Path) -> None:
+    path = _write(tmp_path, {"queues": {n: _doc()["queues"]["q"] for n in ("a/main", "b")}})
+    config = load_queues(path)
+    with pytest.raises(UnknownQueue) as info:
+        config.get("c/main")
+    message = str(info.value)
+    assert "'c/main'" in message and str(path) in message
+    assert "a/main, b" in message and ENV_QUEUES_FILE in message
+    assert (info.value.queue, info.value.path, info.value.known) == ("c/main", path,
+                                                                     ("a/main", "b"))
+    assert not info.value.retryable
+
+
+def test_an_unknown_queue_among_many_does_not_list_them_all() -> None:
+    known = tuple(f"q{n}" for n in range(50))
+    message = str(UnknownQueue("x", Path("/etc/queues.yaml"), known))
+    assert "declares 50 others" in message and "q17" not in message
+
+
+def test_extensions_are_built_once_per_queue(tmp_path: Path) -> None:
+    doc = _doc(build_runner={"kind": "fake", "state_dir": "builds"})
+    doc["queues"]["r"] = copy.deepcopy(doc["queues"]["q"])
+    doc["queues"]["r"]["source_control"]["promotion_ref"] = "verified"
+    extensions = Extensions(load_queues(_write(tmp_path, doc)))
+    sc = extensions.source_control("q")
+    assert isinstance(sc, FakeSourceControl)
+    assert extensions.source_control("q") is sc
+    assert extensions.source_control("r") is not sc
+    runner = extensions.build_runner("q")
+    assert isinstance(runner, FakeBuildRunner)
+    assert runner.state_dir == tmp_path.resolve() / "builds"
+    assert extensions.build_runner("q") is runner
+    with pytest.raises(UnknownQueue):
+        extensions.source_control("zzz")
+    with pytest.raises(UnknownQueue):
+        extensions.build_runner("zzz")
+
+
+def test_the_made_source_control_reads_the_configured_file(tmp_path: Path) -> None:
+    import asyncio
+
+    doc = _doc(source_control={**FAKE_SC, "promotion_ref": "verified"})
+    queue = load_queues(_write(tmp_path, doc)).get("q")
+    repo = FakeRepo(tmp_path / "repo.json")
+    repo.push("main", "a1")
+    sc = make_source_control(queue)
+    head = asyncio.run(sc.head())
+    assert head == FakeRepo.uri("demo", "main", "a1")
+    asyncio.run(sc.promote(head))
+    assert repo.promoted("verified") == "a1"
+    assert isinstance(make_build_runner(queue), FakeBuildRunner)
+
+
+def test_a_config_built_by_hand() -> None:
+    queue = QueueConfig("q", FakeSourceControlSpec(Path("r.json"), "demo", "main"),
+                        FakeBuildRunnerSpec())
+    config = QueuesConfig(Path("inline"), {"q": queue})
+    assert config.get("q") is queue and config.names() == ("q",)
+
+
+# --- queue names -----------------------------------------------------------------------------
+
+_FIRST = string.ascii_letters + string.digits
+_REST = _FIRST + "._-/"
+
+
+@st.composite
+def valid_names(draw: st.DrawFn) -> str:
+    first = draw(st.sampled_from(_FIRST))
+    rest = draw(st.text(alphabet=_REST, max_size=199))
+    name = first + rest
+    while "//" in name:
+        name = name.replace("//", "/")
+    return name.rstrip("/")
+
+
+@given(valid_names())
+def test_valid_names_are_accepted(name: str) -> None:
+    assert validate_queue_name(name) == name
+
+
+@given(valid_names(), st.characters().filter(lambda c: c not in _REST), st.data())
+def test_a_forbidden_character_anywhere_is_rejected(name: str, bad: str,
+                                                    data: st.DataObject) -> None:
+    at = data.draw(st.integers(0, len(name)))
+    spoiled = name[:at] + bad + name[at:]
+    with pytest.raises(InvalidQueueName, match="invalid queue name"):
+        validate_queue_name(spoiled)
+
+
+@given(valid_names(), st.data())
+def test_a_double_slash_anywhere_is_rejected(name: str, data: st.DataObject) -> None:
+    at = data.draw(st.integers(1, len(name)))
+    with pytest.raises(InvalidQueueName):
+        validate_queue_name(name[:at] + "//" + name[at:])
+
+
+@given(valid_names(), st.sampled_from("._-/"))
+def test_names_start_with_a_letter_or_digit_and_do_not_end_in_a_slash(name: str,
+                                                                       lead: str) -> None:
+    with pytest.raises(InvalidQueueName, match="not a letter or digit"):
+        validate_queue_name(lead + name)
+    with pytest.raises(InvalidQueueName, match="ends in '/'"):
+        validate_queue_name(name + "/")
+
+
+@pytest.mark.parametrize(("name", "reason"), [
+    ("", "it is empty"),
+    ("a" * 201, "it is 201 characters long"),
+    ("a b", "it contains ' '"),
+    ("mono\u00e9/main", "it contains '\u00e9'"),
+    ("mono/main\n", "it contains '\\n'"),
+    ("/main", "it starts with '/'"),
+    ("a//b", "it contains '//'"),
+    ("a/", "it ends in '/'"),
+])
+def test_the_message_says_why(name: str, reason: str) -> None:
+    with pytest.raises(InvalidQueueName) as info:
+        validate_queue_name(name)
+    assert reason in str(info.value)
+    assert "1-200 characters" in str(info.value)
+
+
+def test_limits_and_non_strings() -> None:
+    assert validate_queue_name("a" * 200) == "a" * 200
+    assert validate_queue_name("monorepo/main") == "monorepo/main"
+    assert validate_queue_name("a.b_c-d/0/.x") == "a.b_c-d/0/.x"
+    with pytest.raises(InvalidQueueName, match="is a string"):
+        validate_queue_name(None)
+    with pytest.raises(InvalidQueueName, match=r"'bbbb*'\.\.\. \(500 chars\)"):
+        validate_queue_name("b" * 500)
