@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from store._base import Row, Store
 from store.entities import RequestUri
+from store.errors import VersionMismatch
 
 _COLUMNS = "queue, uri, request_id, created_at"
 
@@ -48,3 +49,23 @@ class RequestUriStore(Store):
             key={"queue": queue, "uri": uri},
         )
         return _request_uri(row) if row is not None else await self.get(queue, uri)
+
+    async def reassign(self, mapping: RequestUri, request_id: str) -> RequestUri:
+        """Point the head at a new Request, if it still names `mapping.request_id`
+        (compare-and-set on the id: VersionMismatch when another ingest moved it first).
+
+        Used when the head's Request was superseded without a build and the branch came
+        back to that commit (a force-push reset): the head must be validated again.
+        """
+        key = {"queue": mapping.queue, "uri": mapping.uri}
+        row = await self._fetch_one(
+            "UPDATE request_uri SET request_id = %(new)s"
+            " WHERE queue = %(queue)s AND uri = %(uri)s AND request_id = %(old)s"
+            f" RETURNING {_COLUMNS}",
+            {**key, "new": request_id, "old": mapping.request_id},
+            key=key,
+        )
+        if row is None:
+            await self.get(mapping.queue, mapping.uri)  # NotFound if it is gone
+            raise VersionMismatch(self.entity, key, expected_version=-1, actual_version=None)
+        return _request_uri(row)

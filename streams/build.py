@@ -43,11 +43,3 @@ async def handle_build(payload: BuildRequest, ctx: Context) -> Outcome:
     await deps.db.builds.get_or_create(request.queue, build_id, request.id)
     ctx.log.info("triggered build_id=%s strategy=%s", build_id, request.build_strategy)
     return ACK
-    runner = deps.extensions.build_runner(request.queue)
-    build_id = await runner.trigger(request.base_uri, request.uri,
-                                    {"queue": request.queue, "request_id": request.id,
-                                     "strategy": request.build_strategy.value})
-    await deps.db.builds.get_or_create(request.queue, build_id, request.id)
-    ctx.log.info("triggered build_id=%s strategy=%s", build_id, request.build_strategy)
-    await ctx.publish(TopicKey.BUILDSIGNAL, BuildSignal(id=build_id, queue_name=request.queue))
-    return ACK

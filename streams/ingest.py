@@ -10,6 +10,7 @@ from store import (
     AlreadyExists,
     NotFound,
     RequestState,
+    RequestUri,
     VersionMismatch,
     make_request_id,
     request_seq,
@@ -40,18 +41,37 @@ async def _find_or_mint_request(deps: Deps, queue: str, uri: str) -> str:
     try:
         mapping = await deps.db.request_uris.get(queue, uri)
     except NotFound:
-        pass
-    else:
-        return mapping.request_id
+        return await _mint_request(deps, queue, uri)
+    if await _needs_revalidation(deps, mapping.request_id):
+        return await _mint_request(deps, queue, uri, replacing=mapping)
+    return mapping.request_id
+
+
+async def _needs_revalidation(deps: Deps, request_id: str) -> bool:
+    """A head whose Request was superseded was never built; if the branch is back at it
+    (a force-push reset to an older commit) it must be validated after all, or the branch
+    would silently stay unvalidated until the next push."""
+    try:
+        request = await deps.db.requests.get_by_id(request_id)
+    except NotFound:  # a mapping whose Request was never written: mint afresh
+        return True
+    return request.state is RequestState.SUPERSEDED
+
+
+async def _mint_request(deps: Deps, queue: str, uri: str,
+                        replacing: RequestUri | None = None) -> str:
     try:
         # counter, dedup mapping and Request commit together: no orphan Request (one
         # nobody would ever publish) and no mapping without its Request
         async with deps.db.transaction() as tx:
             request_id = make_request_id(queue, await tx.counters.next(queue))
-            await tx.request_uris.create(queue, uri, request_id)
             await tx.requests.create(queue, request_id, uri)
+            if replacing is None:
+                await tx.request_uris.create(queue, uri, request_id)
+            else:
+                await tx.request_uris.reassign(replacing, request_id)
             return request_id
-    except AlreadyExists:
+    except (AlreadyExists, VersionMismatch):
         # a concurrent ingest of the same head won the mapping: adopt its id
         return (await deps.db.request_uris.get(queue, uri)).request_id
 

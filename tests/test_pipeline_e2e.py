@@ -119,6 +119,31 @@ def test_history_rewrite_builds_full(pipeline: Pipeline) -> None:
     assert pipeline.repo.promoted(f"{ref}-verified-main") == "x1"
 
 
+def test_a_reset_back_to_a_superseded_commit_is_validated(pipeline: Pipeline) -> None:
+    """c2 is superseded by c3 without a build; a force-push resets the branch to c2. The
+    branch's head must still get validated (not answered by c2's superseded Request)."""
+    ref = pipeline.add_queue("q")
+    pipeline.start_worker()
+    pipeline.repo.push(ref, "c1-slow8")
+    rid1 = pipeline.ingest("q")
+    wait_until(lambda: pipeline.states().get(rid1) == "processing", timeout=60,
+               what="c1 admitted")
+    pipeline.repo.push(ref, "c2")
+    rid2 = pipeline.ingest("q")
+    pipeline.repo.push(ref, "c3")
+    pipeline.ingest("q")
+    wait_until(lambda: pipeline.states().get(rid2) == "superseded", timeout=60,
+               what="c2 superseded")
+    pipeline.repo.force_push(ref, "c2")  # back to c2; c3 is gone from the branch
+    rid4 = pipeline.ingest("q")
+    assert rid4 not in (rid1, rid2)
+    pipeline.wait_quiet(timeout=120)
+    assert pipeline.states()[rid4] == "succeeded"
+    assert pipeline.queue("q")["last_green_uri"] == _uri(ref, "c2")
+    assert pipeline.repo.promoted(f"{ref}-verified-main") == "c2"
+    assert pipeline.ingest("q") == rid4  # and now the head's Request is stable
+
+
 @pytest.mark.parametrize("fault", ["ancestryerror", "triggererror", "statuserror"])
 def test_fail_closed_through_the_dlq(pipeline: Pipeline, fault: str) -> None:
     """process (ancestry lookup), build (trigger) and buildsignal (status) faults that can

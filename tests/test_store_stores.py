@@ -495,3 +495,20 @@ def test_parked_messages_round_trip_idempotently(migrated_dsn: str) -> None:
             await db.parked.get(first.id)
 
     with_db(migrated_dsn, body)
+
+
+def test_request_uri_reassign_is_a_compare_and_set(migrated_dsn: str) -> None:
+    async def body(db: Database) -> None:
+        first = await db.request_uris.create(Q, URI, make_request_id(Q, 1))
+        moved = await db.request_uris.reassign(first, make_request_id(Q, 2))
+        assert moved.request_id == make_request_id(Q, 2)
+        with pytest.raises(VersionMismatch):  # `first` is stale now
+            await db.request_uris.reassign(first, make_request_id(Q, 3))
+        assert (await db.request_uris.get(Q, URI)).request_id == make_request_id(Q, 2)
+        racers = await asyncio.gather(
+            *(db.request_uris.reassign(moved, make_request_id(Q, n)) for n in range(4, 9)),
+            return_exceptions=True)
+        assert sum(not isinstance(r, BaseException) for r in racers) == 1
+        assert all(isinstance(r, VersionMismatch) for r in racers if isinstance(r, BaseException))
+
+    with_db(migrated_dsn, body)
