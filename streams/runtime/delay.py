@@ -1,14 +1,17 @@
 """Durable delayed redelivery through delay-tier topics (design §6, "hold").
 
-A message to deliver later is produced to a tier topic (say 100 ms, 1 s, 5 s, 30 s, 2 min)
+A message to deliver later is produced to a tier topic (1 s, 5 s, 30 s, 2 min as shipped)
 with its target topic and due time in headers and its original key. This scheduler
-consumes every tier with its own consumer group, one task per partition. For the head of
-a partition it waits until ``min(due, appended + tier)``: that time only grows along a
-partition, so waiting on the head never delays what is behind it. Then the message either
-goes to its target (due now, or due within the shortest tier: waited out in place) or to
-the tier that fits what remains. Offsets are committed only past messages whose onward
-produce the broker acknowledged, so a crash at any instant loses no held message (it may
-deliver one twice; stages are idempotent).
+consumes every tier with its own consumer group, one task per partition. The partition's
+task waits on its head only until ``appended + tier`` — a time that grows along the
+partition, so waiting on the head never delays what is behind it — then sends the message
+to the tier that fits what remains, or, when it is due within the shortest tier, hands
+the last wait to a task of its own (never early) that produces it to its target. In the
+shortest tier every message waits in a task of its own, so a short hold never queues
+behind a longer one.
+Offsets are committed only below the oldest message not yet re-produced and acknowledged,
+so a crash at any instant loses no held message (it may deliver one twice; stages are
+idempotent).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -83,7 +87,7 @@ async def send_later(producer: AIOKafkaProducer, tiers: DelayTiers, *, target: s
         await produce_until_acked(producer, target, key=key, value=value, headers=out,
                                   what="redeliver")
         return
-    due = now_ms() + int(delay * 1000)
+    due = math.ceil((time.time() + delay) * 1000)  # rounded up: never early
     out = h.replace(headers, {h.ATTEMPT: attempt, h.DUE_MS: due, h.TARGET: target})
     await produce_until_acked(producer, tiers.topic_for(delay), key=key, value=value,
                               headers=out, what="delay")
@@ -92,11 +96,16 @@ async def send_later(producer: AIOKafkaProducer, tiers: DelayTiers, *, target: s
 class _Partition:
     def __init__(self) -> None:
         self.buffer: deque[ConsumerRecord] = deque()
-        self.wakeup = asyncio.Event()
-        self.done_offset: int | None = None
+        self.next_offset: int | None = None  # after the last record routed
+        self.in_flight: set[int] = set()  # offsets whose final wait is still running
+        self.finishers: set[asyncio.Task[None]] = set()
         self.committed_offset: int | None = None
         self.task: asyncio.Task[None] | None = None
         self.paused = False
+
+    def commit_point(self) -> int | None:
+        """The offset below which every record was re-produced (and acknowledged)."""
+        return min(self.in_flight) if self.in_flight else self.next_offset
 
 
 class DelayScheduler:
@@ -144,7 +153,6 @@ class DelayScheduler:
                 if part is None:  # assignment raced the fetch; the listener adds it
                     part = self._partitions[tp] = _Partition()
                 part.buffer.extend(records)
-                part.wakeup.set()
                 if part.task is None or part.task.done():
                     part.task = asyncio.create_task(self._run_partition(tp, part),
                                                     name=f"delay-{tp.topic}-{tp.partition}")
@@ -155,39 +163,67 @@ class DelayScheduler:
 
     async def _run_partition(self, tp: TopicPartition, part: _Partition) -> None:
         tier = self.tiers.delay_of_topic[tp.topic]
+        shortest = tier == self.tiers.shortest
         while part.buffer:
             record = part.buffer[0]
-            await self._forward_when_due(record, tier)
+            routing = self._routing(record)
+            if routing is not None:
+                target, due = routing
+                wake = tier_wake_time(due=due, appended=record.timestamp / 1000, tier=tier)
+                if shortest:
+                    # everything here is due within about two tiers: wait off the
+                    # partition's path, so a short hold never queues behind a longer one
+                    self._spawn_finisher(part, record, target, due, wake)
+                else:
+                    # routed here with at least `tier` to go, so `wake` grows along the
+                    # partition: waiting on the head holds up nothing behind it
+                    await asyncio.sleep(max(0.0, wake - time.time()))
+                    if due - time.time() >= self.tiers.shortest:
+                        await self._hop(record, due)
+                    else:
+                        self._spawn_finisher(part, record, target, due, due)
             part.buffer.popleft()
-            part.done_offset = record.offset + 1
+            part.next_offset = record.offset + 1
             if part.paused and len(part.buffer) < BUFFER_HIGH // 2:
                 self._consumer.resume(tp)
                 part.paused = False
 
-    async def _forward_when_due(self, record: ConsumerRecord, tier: float) -> None:
-        hdrs = list(record.headers or ())
-        target_raw = h.get(hdrs, h.TARGET)
-        due_ms = h.get_int(hdrs, h.DUE_MS, default=record.timestamp)
-        if target_raw is None:
+    def _routing(self, record: ConsumerRecord) -> tuple[str, float] | None:
+        """(target topic, due time in epoch seconds), or None for a foreign message."""
+        target = h.get(record.headers, h.TARGET)
+        if target is None:
             log.error("delay_message_without_target topic=%s partition=%s offset=%s",
                       record.topic, record.partition, record.offset)
             metrics.DELAY_DROPPED.inc()
-            return
-        target = target_raw.decode()
-        due = due_ms / 1000
-        wake = tier_wake_time(due=due, appended=record.timestamp / 1000, tier=tier)
+            return None
+        return target.decode(), h.get_int(record.headers, h.DUE_MS,
+                                          default=record.timestamp) / 1000
+
+    async def _hop(self, record: ConsumerRecord, due: float) -> None:
+        await produce_until_acked(self.producer, self.tiers.topic_for(due - time.time()),
+                                  key=record.key, value=record.value,
+                                  headers=list(record.headers or ()), what="delay-hop")
+
+    def _spawn_finisher(self, part: _Partition, record: ConsumerRecord, target: str,
+                        due: float, wake: float) -> None:
+        part.in_flight.add(record.offset)  # commit stops below it until it is done
+        task = asyncio.create_task(self._finish(part, record, target, due, wake))
+        part.finishers.add(task)
+        task.add_done_callback(part.finishers.discard)
+
+    async def _finish(self, part: _Partition, record: ConsumerRecord, target: str,
+                      due: float, wake: float) -> None:
         await asyncio.sleep(max(0.0, wake - time.time()))
-        remaining = due - time.time()
-        if remaining >= self.tiers.shortest:
-            await produce_until_acked(self.producer, self.tiers.topic_for(remaining),
-                                      key=record.key, value=record.value, headers=hdrs,
-                                      what="delay-hop")
-            return
-        if remaining > 0:  # less than the shortest tier: wait it out here (never early)
-            await asyncio.sleep(remaining)
-        metrics.DELAY_LATENESS.observe(max(0.0, time.time() - due))
-        await produce_until_acked(self.producer, target, key=record.key, value=record.value,
-                                  headers=h.without_runtime(hdrs), what="delay-due")
+        if due - time.time() >= self.tiers.shortest:
+            await self._hop(record, due)
+        else:
+            await asyncio.sleep(max(0.0, due - time.time()))  # never early
+            metrics.DELAY_LATENESS.observe(max(0.0, time.time() - due))
+            await produce_until_acked(self.producer, target, key=record.key,
+                                      value=record.value,
+                                      headers=h.without_runtime(list(record.headers or ())),
+                                      what="delay-due")
+        part.in_flight.discard(record.offset)
 
     async def _commit_loop(self) -> None:
         while True:
@@ -199,8 +235,9 @@ class DelayScheduler:
         for tp, part in self._partitions.items():
             if only is not None and tp not in only:
                 continue
-            if part.done_offset is not None and part.done_offset != part.committed_offset:
-                offsets[tp] = OffsetAndMetadata(part.done_offset, "")
+            point = part.commit_point()
+            if point is not None and point != part.committed_offset:
+                offsets[tp] = OffsetAndMetadata(point, "")
         if not offsets:
             return
         try:
@@ -215,10 +252,13 @@ class DelayScheduler:
     async def _drop_partitions(self, tps: list[TopicPartition]) -> None:
         for tp in tps:
             part = self._partitions.get(tp)
-            if part and part.task:
-                part.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await part.task
+            if part is None:
+                continue
+            for task in [part.task, *part.finishers]:
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
         await self._commit_done(only=tps)
         for tp in tps:
             self._partitions.pop(tp, None)

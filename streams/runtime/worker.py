@@ -22,6 +22,7 @@ from mode import Service
 
 from streams.runtime.delay import DelayScheduler, DelayTiers
 from streams.runtime.stage import Delivery, Incoming, Park, Route, Stage, publish_payload
+from streams.settings import load_settings
 
 log = logging.getLogger("stovepipe.worker")
 
@@ -134,6 +135,8 @@ def build_app(config: WorkerConfig, stages: Sequence[Stage[Any]], open_deps: Ope
         "broker_heartbeat_interval": 1.0,
         "web_enabled": config.web_port is not None,
         "store": "memory://",
+        # Faust's default data directory is relative to the current directory
+        "datadir": str(load_settings().home / "faust"),
     }
     if config.web_port is not None:
         settings["web_port"] = config.web_port
@@ -211,3 +214,14 @@ def database_deps(dsn: str, *, max_size: int = 10) -> OpenDeps:
         return db, park_into(db), db.close
 
     return open_deps
+
+
+def run_worker(app: faust.App, *, loglevel: str = "info") -> None:
+    """Run ``app`` as a worker process until SIGTERM/SIGINT.
+
+    Faust's terminal spinner, shown at levels above info, sets the root logger to DEBUG,
+    so every aiokafka debug call then builds a log record: measurably slower. No spinner.
+    """
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    worker.spinner = None
+    worker.execute_from_commandline()

@@ -27,7 +27,7 @@ from contract import BuildRequest, ProcessRequest
 from streams.runtime import ACK, Hold, Outcome, RetryableError
 from streams.runtime.config import worker_config
 from streams.runtime.stage import Context, Stage
-from streams.runtime.worker import build_app, database_deps
+from streams.runtime.worker import build_app, database_deps, run_worker
 from streams.topics import load_topics
 
 SCHEMA_SQL = """
@@ -116,8 +116,7 @@ def main() -> None:
                            bootstrap=os.environ["RT_BOOTSTRAP"],
                            consumed=[s.key for s in STAGES])
     app = build_app(config, STAGES, database_deps(os.environ["RT_DSN"]))
-    sys.argv = [sys.argv[0], "worker", "--loglevel=warn", "--without-web"]
-    app.main()
+    run_worker(app, loglevel="warn")
 
 
 if __name__ == "__main__":
