@@ -10,6 +10,7 @@ with its environment set, one process per measurement. Environment:
   BENCH_APP_ID     the Faust app id (consumer group)
   BENCH_OUT        file the handlers append their observations to
   BENCH_DATADIR    Faust's data directory (kept out of the repository)
+  BENCH_LOGLEVEL   the worker's log level (default info, as `stovepipe worker`)
 
 Each observation is one tab-separated line: ``event id stage handled_at record_ts extra``,
 times in epoch seconds (``handled_at`` is taken when the handler starts; ``record_ts`` is
@@ -36,6 +37,8 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import IO, Any
+
+import faust
 
 from contract import BuildRequest, BuildSignal, IngestRequest, ProcessRequest, Record
 from streams.runtime import ACK, Hold, Outcome
@@ -204,8 +207,10 @@ def main() -> None:
                            consumed=[s.key for s in stages])
     app = build_app(config, stages, with_recorder(database_deps(env["BENCH_DSN"])),
                     datadir=env["BENCH_DATADIR"])
-    sys.argv = [sys.argv[0], "worker", "--loglevel=warn", "--without-web"]
-    app.main()
+    # started as `stovepipe worker` starts it (streams/commands.py). The level matters:
+    # at warn or above Faust's spinner sets the root logger to DEBUG (see runtime_bench.py)
+    faust.Worker(app, loglevel=env.get("BENCH_LOGLEVEL", "info"),
+                 quiet=True).execute_from_commandline()
 
 
 if __name__ == "__main__":

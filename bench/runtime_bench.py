@@ -16,8 +16,16 @@ PostgreSQL schema, then stops it and deletes what it created. Measured:
 3. hold        --holds messages each holding once for a random delay; lateness =
                redelivery handler start - (first handler start + delay), with the shipped
                delay tiers and with an extra, shorter tier (--short-tiers).
-4. long        (--long-holds > 0) the same with long delays (--long-delays), to cross the
-               30 s / 2 m tiers; both tier variants run side by side to save time.
+4. long        the same with long delays (--long-delays), to cross the 30 s / 2 m tiers;
+               both tier variants run side by side (two workers) to save time.
+               --long-holds 0 skips it.
+
+Hold lateness is split in two: the scheduler's part (the redelivered record's Kafka
+timestamp, i.e. when the delay scheduler re-produced it, minus its due time) and the
+stage's part (redelivery handler start minus that timestamp: the stage's own backlog).
+Holds are produced all at once unless --hold-rate paces them. With the defaults the whole
+run takes about 4.5 minutes on 2 cores. The machine's load average is printed with the
+table: other processes on a small machine move every figure.
 
 Figures only: nothing here asserts on timing. Endpoints come from
 `streams.settings.load_settings()` (STOVEPIPE_KAFKA_BOOTSTRAP / STOVEPIPE_POSTGRES_DSN);
@@ -191,10 +199,12 @@ class Phase:
     topics: TopicsConfig
     workdir: Path
     app_id: str = field(default_factory=lambda: f"bench-{uuid.uuid4().hex[:10]}")
+    loglevel: str = "info"
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
 
     def __post_init__(self) -> None:
+        self.cpu_samples: list[tuple[float, float]] = []
         self.out = Observations(self.workdir / f"{self.name}.tsv")
         self.log_path = self.workdir / f"{self.name}.log"
 
@@ -203,6 +213,7 @@ class Phase:
                    BENCH_DSN=self.dsn, BENCH_TOPICS=str(self.topics.path),
                    BENCH_PREFIX=self.topics.prefix, BENCH_APP_ID=self.app_id,
                    BENCH_OUT=str(self.out.path), BENCH_DATADIR=str(self.workdir / "faust"),
+                   BENCH_LOGLEVEL=self.loglevel,
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                             os.environ.get("PYTHONPATH")])))
         self.started_at = time.time()
@@ -227,10 +238,31 @@ class Phase:
         except OSError:
             return ""
 
+    def cpu_seconds(self) -> float:
+        """CPU time the worker process used so far (all its threads); NaN off Linux."""
+        if self.proc is None:
+            return math.nan
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return math.nan
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def cpu_share(self, start: float, end: float) -> float:
+        """The worker's CPU use between two epoch times (1.0 = one core), from the samples
+        taken while waiting."""
+        samples = [s for s in self.cpu_samples if not math.isnan(s[1])]
+        if len(samples) < 2 or end <= start:
+            return math.nan
+        a = min(samples, key=lambda s: abs(s[0] - start))
+        b = min(samples, key=lambda s: abs(s[0] - end))
+        return (b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else math.nan
+
     def wait(self, done: Callable[[], bool], *, timeout: float, what: str) -> None:
         """Poll the observations until ``done()``; fail with the worker's log otherwise."""
         deadline = time.monotonic() + timeout
         while True:
+            self.cpu_samples.append((time.time(), self.cpu_seconds()))
             self.out.poll()
             if done():
                 return
@@ -249,7 +281,7 @@ class Phase:
 @contextlib.contextmanager
 def phase(name: str, mode: str, *, bootstrap: str, dsn: str, base_topics: Path,
           workdir: Path, extra_tiers: Sequence[str] = (), partitions: int | None = None,
-          keep: bool = False) -> Iterator[Phase]:
+          keep: bool = False, loglevel: str = "info") -> Iterator[Phase]:
     prefix = f"bench{uuid.uuid4().hex[:8]}.{name}."
     topics_file = write_topics(workdir / f"{name}-topics.yaml", base_topics,
                                extra_tiers=extra_tiers, partitions=partitions)
@@ -257,7 +289,7 @@ def phase(name: str, mode: str, *, bootstrap: str, dsn: str, base_topics: Path,
     report = ensure_topics({"bootstrap.servers": bootstrap}, topics)
     if not report.ok:
         raise BenchError(f"topics not created: {[s.detail for s in report if not s.ok]}")
-    ph = Phase(name, mode, bootstrap, dsn, topics, workdir)
+    ph = Phase(name, mode, bootstrap, dsn, topics, workdir, loglevel=loglevel)
     try:
         yield ph
     finally:
@@ -268,7 +300,7 @@ def phase(name: str, mode: str, *, bootstrap: str, dsn: str, base_topics: Path,
 
 
 def delete_kafka_things(bootstrap: str, topics: list[str], groups: list[str]) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
     futures = list(admin.delete_topics(topics, operation_timeout=30).values())
     futures += list(admin.delete_consumer_groups(groups, request_timeout=10).values())
     for fut in futures:
@@ -277,13 +309,21 @@ def delete_kafka_things(bootstrap: str, topics: list[str], groups: list[str]) ->
 
 
 def producer(bootstrap: str) -> Producer:
-    return Producer(producer_conf(bootstrap))
+    return Producer(producer_conf(bootstrap, log_level=4))
 
 
-def produce_process(bootstrap: str, topics: TopicsConfig, ids: Sequence[str]) -> None:
+def produce_process(bootstrap: str, topics: TopicsConfig, ids: Sequence[str],
+                    rate: float = 0.0, tick: Callable[[], None] | None = None) -> None:
+    """ProcessRequests keyed over KEYS queues; ``rate`` > 0 paces them (messages/s) and
+    calls ``tick`` now and then."""
     prod = producer(bootstrap)
     topic = topics.stage("process").full_name
+    t0 = time.monotonic()
     for n, ident in enumerate(ids):
+        if rate > 0:
+            time.sleep(max(0.0, t0 + n / rate - time.monotonic()))
+            if tick is not None and n % 50 == 0:
+                tick()
         queue = f"q{n % KEYS}"
         while True:
             try:
@@ -319,12 +359,14 @@ def run_pipeline(args: argparse.Namespace, ctx: dict, rows: list[Row]) -> None:
         def send(ident: str) -> None:
             prod.produce(ingest, key=ident.encode(), value=marshal(IngestRequest(queue=ident)))
             prod.poll(0)
+            ph.cpu_samples.append((time.time(), ph.cpu_seconds()))
 
         # warm up: the worker has joined and every hop has run once
         for n in range(args.warmup):
-            send(f"warm-{n}")
+            warm = f"warm-{n}"
+            send(warm)
             prod.flush(10)
-            ph.wait(lambda n=n: f"warm-{n}" in ph.ids("hop"), timeout=90,
+            ph.wait(lambda: warm in ph.ids("hop"), timeout=90,  # noqa: B023 - called here
                     what="warm-up through the pipeline")
         log(f"pipeline: worker ready after {time.time() - ph.started_at:.1f}s; sending"
             f" {args.pipeline_messages} messages {args.pipeline_spacing_ms} ms apart")
@@ -340,6 +382,14 @@ def run_pipeline(args: argparse.Namespace, ctx: dict, rows: list[Row]) -> None:
             return want <= {o.ident for o in ph.out.rows if o.stage == "record"}
 
         ph.wait(all_recorded, timeout=120, what="every message at the record stage")
+        # the same, nearly idle: what one message alone pays per hop
+        idle = {f"i-{n}" for n in range(args.pipeline_idle_messages)}
+        for n in range(args.pipeline_idle_messages):
+            send(f"i-{n}")
+            prod.flush(10)
+            time.sleep(args.pipeline_idle_spacing_ms / 1000)
+        ph.wait(lambda: idle <= {o.ident for o in ph.out.rows if o.stage == "record"},
+                timeout=120, what="every idle message at the record stage")
 
     by_stage: dict[str, list[float]] = defaultdict(list)
     ingest_ts: dict[str, float] = {}
@@ -357,17 +407,45 @@ def run_pipeline(args: argparse.Namespace, ctx: dict, rows: list[Row]) -> None:
         rows.append(Row(f"hop -> {stage}", len(lat), ms(pct(lat, 50)), ms(pct(lat, 99)),
                         ms(max(lat, default=math.nan))))
     e2e = [record_at[i] - ingest_ts[i] for i in want if i in record_at and i in ingest_ts]
+    cpu = ph.cpu_share(min(ingest_ts.values(), default=0), max(record_at.values(), default=0))
     rows.append(Row("end to end (5 hops)", len(e2e), ms(pct(e2e, 50)), ms(pct(e2e, 99)),
-                    ms(max(e2e, default=math.nan)), "produce -> record handler"))
+                    ms(max(e2e, default=math.nan)),
+                    f"produce -> record handler; {args.pipeline_spacing_ms:g} ms apart;"
+                    f" worker cpu {cpu:.0%}"))
+    if idle:
+        hops: dict[str, list[float]] = defaultdict(list)
+        first_ts = {o.ident: o.record_ts for o in ph.out.rows
+                    if o.ident in idle and o.stage == "ingest"}
+        idle_e2e = []
+        for o in ph.out.rows:
+            if o.ident in idle:
+                hops[o.stage].append(o.handled_at - o.record_ts)
+                if o.stage == "record" and o.ident in first_ts:
+                    idle_e2e.append(o.handled_at - first_ts[o.ident])
+        rows.append(Row("end to end, idle (5 hops)", len(idle_e2e), ms(pct(idle_e2e, 50)),
+                        ms(pct(idle_e2e, 99)), ms(max(idle_e2e, default=math.nan)),
+                        f"one message at a time, {args.pipeline_idle_spacing_ms:g} ms apart;"
+                        " hop p50s " + "/".join(ms(pct(hops[s], 50)) for s in PIPELINE)))
 
 
 # --- 2. one stage's throughput ------------------------------------------------------------
 
 
+def end_offsets(bootstrap: str, topics: Sequence[tuple[str, int]]) -> int:
+    """Messages ever written to ``topics`` (name, partitions): the sum of their ends."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-watermarks",
+                         "log_level": 4})
+    try:
+        return sum(consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)[1]
+                   for name, count in topics for p in range(count))
+    finally:
+        consumer.close()
+
+
 def committed_lag(bootstrap: str, group: str, topic: str, partitions: int) -> int:
     """Messages of ``topic`` past ``group``'s committed offsets."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                         "enable.auto.commit": False})
+                         "enable.auto.commit": False, "log_level": 4})
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}
@@ -414,9 +492,11 @@ def run_throughput(args: argparse.Namespace, ctx: dict, rows: list[Row], mode: s
                 break
             time.sleep(0.1)
         duplicates = len(ph.out.rows) - len(handled)
+        cpu = ph.cpu_share(first, last)
     rate = (len(times) - 1) / (last - first) if last > first else math.nan
     rows.append(Row(f"throughput: {label}", count, note=(
-        f"{rate:,.0f} msg/s over {last - first:.2f}s; start->first {first - ph.started_at:.1f}s;"
+        f"{rate:,.0f} msg/s over {last - first:.2f}s; worker cpu {cpu:.0%};"
+        f" start->first {first - ph.started_at:.1f}s;"
         f" committed caught up {ms(caught_up)} ms after the last"
         + (f" (lag {lag} at 30s!)" if lag else "")
         + (f"; {duplicates} duplicate deliveries" if duplicates else ""))))
@@ -440,23 +520,29 @@ class HoldResult:
     peak_held: int
     first_pass: float
     delay_range: tuple[float, float]
+    cpu: float = math.nan  # worker CPU use, first hold to last redelivery (1.0 = one core)
+    tier_messages: int = 0  # produced into the delay tiers: the holds and every hop
 
 
 def start_hold_phase(args: argparse.Namespace, ph: Phase, count: int,
-                     delays: tuple[float, float], seed: int) -> dict[str, float]:
+                     delays: tuple[float, float], seed: int,
+                     rate: float = 0.0) -> dict[str, float]:
     """Start the worker, warm it up (a hold made the round trip), then produce the holds.
     Returns the delay of each id."""
     ph.start_worker()
     for n in range(args.warmup):
-        produce_process(ph.bootstrap, ph.topics, [f"warm:100:{n}"])
-        ph.wait(lambda n=n: f"warm:100:{n}" in ph.ids("again"), timeout=90,
+        warm = f"warm:100:{n}"
+        produce_process(ph.bootstrap, ph.topics, [warm])
+        ph.wait(lambda: warm in ph.ids("again"), timeout=90,  # noqa: B023 - called here
                 what="a warm-up hold to come back")
     log(f"{ph.name}: worker ready after {time.time() - ph.started_at:.1f}s; producing {count}"
-        f" holds of {delays[0]:g}-{delays[1]:g}s")
+        f" holds of {delays[0]:g}-{delays[1]:g}s"
+        + (f", {rate:g}/s" if rate > 0 else ", all at once"))
     rng = random.Random(seed)
     delay_ms = [round(rng.uniform(*delays) * 1000) for _ in range(count)]
     ids = [f"h:{d}:{n}" for n, d in enumerate(delay_ms)]
-    produce_process(ph.bootstrap, ph.topics, ids)
+    produce_process(ph.bootstrap, ph.topics, ids, rate=rate,
+                    tick=lambda: ph.cpu_samples.append((time.time(), ph.cpu_seconds())))
     return {i: d / 1000 for i, d in zip(ids, delay_ms, strict=True)}
 
 
@@ -483,7 +569,8 @@ def finish_hold_phase(ph: Phase, label: str, delays: dict[str, float],
         res.on_target += late <= max(0.25, 0.1 * delay)
         due = float(f.extra) + delay  # the Hold left the handler at f.extra
         res.sched.append(a.record_ts - due)
-        res.sched_early += a.record_ts < due - 0.0011  # record timestamps are whole ms
+        # record timestamps are whole ms, rounded down: earlier than due - 1 ms is early
+        res.sched_early += a.record_ts < due - 0.001
         res.consume.append(a.handled_at - a.record_ts)
     events = sorted([(first[i].handled_at, 1) for i in first]
                     + [(again[i].handled_at, -1) for i in again])
@@ -493,6 +580,10 @@ def finish_hold_phase(ph: Phase, label: str, delays: dict[str, float],
         res.peak_held = max(res.peak_held, level)
     firsts = [first[i].handled_at for i in first]
     res.first_pass = max(firsts) - min(firsts) if firsts else math.nan
+    if firsts and again:
+        res.cpu = ph.cpu_share(min(firsts), max(a.handled_at for a in again.values()))
+    res.tier_messages = end_offsets(ph.bootstrap, [(t.full_name, t.partitions)
+                                                   for t in ph.topics.delay_tiers])
     return res
 
 
@@ -501,8 +592,9 @@ def hold_rows(res: HoldResult) -> list[Row]:
     n = len(res.lateness)
     head = (f"{res.label}, {lo:g}-{hi:g}s")
     note = (f"EARLY {res.early}; within max(250ms,10%) {res.on_target}/{n}; peak held"
-            f" {res.peak_held}; first pass {res.first_pass:.1f}s; p99 late/delay"
-            f" {pct(res.ratio, 99):.1%}")
+            f" {res.peak_held}; first pass {res.first_pass:.1f}s ({n / res.first_pass:.0f}/s);"
+            f" p99 late/delay {pct(res.ratio, 99):.1%}; worker cpu {res.cpu:.0%};"
+            f" tier messages/hold {res.tier_messages / max(1, n):.1f}")
     if res.sched_early:
         note += f"; scheduler produced {res.sched_early} before due!"
     if res.missing:
@@ -518,7 +610,7 @@ def hold_rows(res: HoldResult) -> list[Row]:
 
 
 def tier_variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
-    variants = [("shipped tiers", [])]
+    variants: list[tuple[str, list[str]]] = [("shipped tiers", [])]
     for tier in filter(None, (t.strip() for t in args.short_tiers.split(","))):
         variants.append((f"+{tier} tier", [tier]))
     return variants
@@ -527,7 +619,10 @@ def tier_variants(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
 def run_holds(args: argparse.Namespace, ctx: dict, rows: list[Row]) -> None:
     for n, (label, extra) in enumerate(tier_variants(args)):
         with phase(f"hold{n}", "hold", extra_tiers=extra, **ctx) as ph:
-            delays = start_hold_phase(args, ph, args.holds, args.hold_delays, args.seed)
+            delays = start_hold_phase(args, ph, args.holds, args.hold_delays, args.seed,
+                                      rate=args.hold_rate)
+            if args.hold_rate > 0:
+                label += f", {args.hold_rate:g}/s"
             res = finish_hold_phase(ph, label, delays, args.hold_delays)
         rows.extend(hold_rows(res))
         log(f"{ph.name} ({label}): p50 {ms(pct(res.lateness, 50))} ms, p99"
@@ -569,6 +664,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="comma-separated measurements to run (default: %(default)s)")
     ap.add_argument("--pipeline-messages", type=int, default=200)
     ap.add_argument("--pipeline-spacing-ms", type=float, default=20)
+    ap.add_argument("--pipeline-idle-messages", type=int, default=25,
+                    help="then this many, far apart (default: %(default)s)")
+    ap.add_argument("--pipeline-idle-spacing-ms", type=float, default=200)
     ap.add_argument("--throughput-messages", type=int, default=20_000,
                     help="backlog of the no-op run (default: %(default)s)")
     ap.add_argument("--throughput-db-messages", type=int, default=10_000,
@@ -576,15 +674,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--holds", type=int, default=2000)
     ap.add_argument("--hold-delays", type=parse_range, default=(1.0, 10.0),
                     metavar="LOW:HIGH", help="seconds (default: 1:10)")
+    ap.add_argument("--hold-rate", type=float, default=0.0,
+                    help="produce the holds at this many per second; 0: all at once, so"
+                         " the stage's backlog adds to the lateness (default: %(default)s)")
     ap.add_argument("--short-tiers", default="100ms",
                     help="extra shortest tiers, one variant each, e.g. 100ms,250ms;"
                          " empty: shipped tiers only (default: %(default)s)")
-    ap.add_argument("--long-holds", type=int, default=0,
+    ap.add_argument("--long-holds", type=int, default=2000,
                     help="holds of the long run; 0 skips it (default: %(default)s)")
-    ap.add_argument("--long-delays", type=parse_range, default=(30.0, 150.0),
-                    metavar="LOW:HIGH", help="seconds (default: 30:150)")
+    ap.add_argument("--long-delays", type=parse_range, default=(30.0, 130.0),
+                    metavar="LOW:HIGH", help="seconds; >= 120 reaches the 2m tier"
+                                             " (default: 30:130)")
     ap.add_argument("--partitions", type=int, default=None,
                     help="partitions of every topic (default: as in topics.yaml)")
+    ap.add_argument("--worker-loglevel", choices=["debug", "info", "warn", "error"],
+                    default="info", help="the workers' log level (default: %(default)s, as"
+                                         " `stovepipe worker`); warn/error turn Faust's"
+                                         " spinner on, which sets the root logger to DEBUG")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up messages per worker")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", action="store_true",
@@ -599,6 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = load_settings()
     header = (f"stovepipe runtime bench — {os.cpu_count()} cores ({platform.machine()},"
               f" {platform.system()}); kafka {bootstrap}; {versions(base_dsn)}")
+    load_before = os.getloadavg()[0]
     log(header)
     schema = f"bench_{uuid.uuid4().hex[:12]}"
     rows: list[Row] = []
@@ -614,7 +721,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SCHEMA_SQL)
         ctx = {"bootstrap": bootstrap, "dsn": dsn, "base_topics": settings.topics_file,
-               "workdir": workdir, "partitions": args.partitions, "keep": args.keep}
+               "workdir": workdir, "partitions": args.partitions, "keep": args.keep,
+               "loglevel": args.worker_loglevel}
         if "pipeline" in only:
             run_pipeline(args, ctx, rows)
         if "throughput" in only:
@@ -637,7 +745,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             shutil.rmtree(workdir, ignore_errors=True)
         if rows:
-            print_table(rows, f"{header}; {time.monotonic() - started:.0f}s in all")
+            print_table(rows, f"{header}\n{time.monotonic() - started:.0f}s in all; load average"
+                              f" (1 min) {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     return 0
 
 
