@@ -22,13 +22,18 @@ $(STAMP): pyproject.toml
 venv: $(STAMP) ## Create .venv and install Stovepipe with its dev tools
 
 .PHONY: system-deps
-system-deps: ## Install PostgreSQL from Debian's packages when missing (needs root)
-	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; then \
-	  echo "postgresql: present"; \
+system-deps: ## Install PostgreSQL, git and Chromium from Debian's packages when missing (root)
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v git >/dev/null || missing="$$missing git"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	[ -d /usr/share/fonts/truetype/liberation ] || missing="$$missing fonts-liberation"; \
+	if [ -z "$$missing" ]; then \
+	  echo "system packages: present"; \
 	elif [ "$$(id -u)" = 0 ]; then \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	else \
-	  echo "PostgreSQL binaries are missing: run 'sudo apt-get update && sudo apt-get install -y postgresql'" >&2; exit 1; \
+	  echo "missing:$$missing — run 'sudo apt-get update && sudo apt-get install -y$$missing'" >&2; exit 1; \
 	fi
 	@command -v java >/dev/null || { echo "java (17+) is missing: apt-get install -y openjdk-17-jre-headless" >&2; exit 1; }
 	@command -v mvn >/dev/null || { echo "mvn is missing: apt-get install -y maven" >&2; exit 1; }
@@ -49,6 +54,10 @@ status: venv ## Health of the local stack (non-zero when unhealthy)
 run: up ## Bring up the stack, migrate the database, create the topics
 	$(BIN)/stovepipe db migrate
 	$(BIN)/stovepipe topics create
+
+.PHONY: demo
+demo: venv system-deps ## The whole pipeline on a demo git repository, end to end
+	$(BIN)/stovepipe demo
 
 .PHONY: lint
 lint: venv ## ruff and mypy

@@ -13,6 +13,8 @@ from streams.commands import (
     worker_command,
 )
 from streams.devstack.cli import dev_group
+from streams.operator_cli import dlq_group, parked_group, replay_command
+from streams.poller import poll_command
 from streams.topics_cli import topics_group
 
 
@@ -22,7 +24,8 @@ def main() -> None:
 
 
 for _command in (dev_group, db_group, topics_group, worker_command, ingest_command,
-                 request_command, queue_command, fact_command):
+                 request_command, queue_command, fact_command, replay_command, dlq_group,
+                 parked_group, poll_command):
     main.add_command(_command)
 
 

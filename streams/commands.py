@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import Callable, Coroutine
-from datetime import datetime
-from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,12 +13,16 @@ import psycopg
 import psycopg_pool
 
 from store import Database, NotFound, StoreError
+from streams import queries
 from streams import settings as settings_mod
 
 T = TypeVar("T")
 
 ENV_APP_ID = "STOVEPIPE_APP_ID"
 DEFAULT_APP_ID = "stovepipe"
+ENV_WEB_PORT = "STOVEPIPE_WEB_PORT"
+ENV_API_TOKEN = "STOVEPIPE_API_TOKEN"  # noqa: S105 - the variable's name, not a token
+DEFAULT_WEB_PORT = 6066
 
 
 def _settings() -> settings_mod.Settings:
@@ -45,23 +46,9 @@ def _run_async(action: Callable[[], Coroutine[Any, Any, T]]) -> T:
         raise click.ClickException(str(exc)) from None
 
 
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, Enum):
-        return value.value
-    return value
-
-
 def _emit(as_json: bool, data: dict[str, Any], lines: list[str]) -> None:
     if as_json:
-        click.echo(json.dumps(_jsonable(data), indent=2, sort_keys=True))
+        click.echo(json.dumps(queries.jsonable(data), indent=2, sort_keys=True))
     else:
         for line in lines:
             click.echo(line)
@@ -82,13 +69,20 @@ queues_option = click.option(
 @click.option("--app-id", envvar=ENV_APP_ID, default=DEFAULT_APP_ID, show_default=True,
               help=f"Kafka consumer group of the workers; workers sharing it share the "
                    f"partitions [env {ENV_APP_ID}].")
-@click.option("--web-port", type=click.IntRange(0, 65535), default=None,
-              help="Serve /metrics on this port (off by default).")
+@click.option("--web-port", type=click.IntRange(0, 65535), default=DEFAULT_WEB_PORT,
+              envvar=ENV_WEB_PORT, show_default=True,
+              help=f"Serve the HTTP API, the dashboard and /metrics on this port; 0 serves "
+                   f"nothing [env {ENV_WEB_PORT}]. When the default port is taken "
+                   f"(another worker on this machine) the worker runs without them.")
+@click.option("--no-web", is_flag=True, help="Serve no HTTP at all (same as --web-port 0).")
+@click.option("--api-token", envvar=ENV_API_TOKEN, default=None,
+              help=f"Bearer token the HTTP API's POST endpoints require; reads stay open "
+                   f"[env {ENV_API_TOKEN}].")
 @click.option("--loglevel", type=click.Choice(["debug", "info", "warn", "error"]),
               default="info", show_default=True)
 @queues_option
-def worker_command(app_id: str, web_port: int | None, loglevel: str,
-                   queues_file: Path | None) -> None:
+def worker_command(app_id: str, web_port: int, no_web: bool, api_token: str | None,
+                   loglevel: str, queues_file: Path | None) -> None:
     """Run every stage and reconciler in this process (scale out: start more)."""
     import faust
 
@@ -105,9 +99,30 @@ def worker_command(app_id: str, web_port: int | None, loglevel: str,
     app = build_worker(topics, app_id=app_id, bootstrap=settings.kafka_bootstrap,
                        dsn=settings.postgres_dsn,
                        queues_file=str(queues_file) if queues_file else None,
-                       web_port=web_port)
+                       web_port=_web_port(web_port, no_web), api_token=api_token or None)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
+
+
+def _web_port(web_port: int, no_web: bool) -> int | None:
+    """The port to serve on, None for none. A port asked for explicitly must be free; the
+    default one is skipped with a warning, so several workers can share a machine."""
+    from click.core import ParameterSource
+
+    from streams import http
+
+    if no_web or web_port == 0:
+        return None
+    if http.port_is_free(web_port):
+        return web_port
+    explicit = click.get_current_context().get_parameter_source("web_port")
+    if explicit is not ParameterSource.DEFAULT:
+        raise click.ClickException(f"port {web_port} is in use: pick another --web-port "
+                                   f"(or {ENV_WEB_PORT}), or pass --no-web")
+    click.echo(f"warning: port {web_port} is in use (another worker on this machine?); "
+               f"this worker serves no HTTP API, dashboard or /metrics. Pass --web-port "
+               f"to choose a free port.", err=True)
+    return None
 
 
 @click.command("ingest")
@@ -116,35 +131,16 @@ def worker_command(app_id: str, web_port: int | None, loglevel: str,
 def ingest_command(queue: str, queues_file: Path | None) -> None:
     """Validate QUEUE's current head: prints the Request id (the same id for the same
     head, however often you ask)."""
-    from aiokafka import AIOKafkaProducer
-    from google.protobuf.message import Message
-
-    from streams.deps import Deps
-    from streams.ingest import ingest_queue
-    from streams.queueconfig import Extensions, load_queues
-    from streams.runtime.stage import publish_payload
+    from streams.poller import IngestClient
+    from streams.queueconfig import load_queues
     from streams.topics import load_topics
 
     settings = _settings()
 
     async def run() -> str:
         queues = load_queues(queues_file)
-        topics = load_topics(settings.topics_file)
-        db = await _open_db()
-        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all",
-                                    enable_idempotence=True)
-        try:
-            await producer.start()
-
-            async def publish(key: str, payload: Message) -> None:
-                spec = topics.stage(key)
-                await publish_payload(producer, spec.full_name, payload, spec.key_field)
-
-            deps = Deps(db=db, queues=queues, extensions=Extensions(queues))
-            return await ingest_queue(deps, queue, publish)
-        finally:
-            await producer.stop()
-            await db.close()
+        async with IngestClient(settings, queues, load_topics(settings.topics_file)) as client:
+            return (await client.ingest(queue)).request_id
 
     click.echo(_run_async(run))
 
@@ -154,10 +150,8 @@ def ingest_command(queue: str, queues_file: Path | None) -> None:
 @json_option
 def request_command(request_id: str, as_json: bool) -> None:
     """Show a Request: state, strategy, builds and its fact."""
-    from store import parse_request_id
-
     try:
-        queue, _ = parse_request_id(request_id)
+        queries.parse_request_path(request_id)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -165,12 +159,10 @@ def request_command(request_id: str, as_json: bool) -> None:
         db = await _open_db()
         try:
             try:
-                request = await db.requests.get(queue, request_id)
+                detail = await queries.request_detail(db, request_id)
             except NotFound:
                 raise click.ClickException(f"no request {request_id!r}") from None
-            builds = await db.builds.list_for_request(queue, request_id)
-            fact = await _fact_or_none(db, queue, request.uri)
-            return {"request": request, "builds": builds, "fact": fact}
+            return {"request": detail.request, "builds": detail.builds, "fact": detail.fact}
         finally:
             await db.close()
 
@@ -185,13 +177,6 @@ def request_command(request_id: str, as_json: bool) -> None:
     lines.append(f"  fact      degree {fact.degree:g} ({'green' if fact.is_green else 'red'})"
                  if fact else "  fact      none")
     _emit(as_json, data, lines)
-
-
-async def _fact_or_none(db: Database, queue: str, uri: str) -> Any:
-    try:
-        return await db.facts.get(queue, uri)
-    except NotFound:
-        return None
 
 
 @click.command("queue")
@@ -231,7 +216,7 @@ def fact_command(queue: str, uri: str, as_json: bool) -> None:
     async def run() -> Any:
         db = await _open_db()
         try:
-            return await _fact_or_none(db, queue, uri)
+            return await queries.fact_or_none(db, queue, uri)
         finally:
             await db.close()
 

@@ -45,7 +45,16 @@ def pipeline_deps(dsn: str, queues_file: str | None = None,
 
 
 def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
-                 queues_file: str | None = None, web_port: int | None = None) -> faust.App:
+                 queues_file: str | None = None, web_port: int | None = None,
+                 api_token: str | None = None) -> faust.App:
+    """The worker; with a ``web_port`` it also serves the HTTP API and the dashboard
+    (streams.http), whose POST endpoints need ``api_token`` when one is given."""
+    from streams import http
+
     config = worker_config(topics, app_id=app_id, bootstrap=bootstrap,
                            consumed=[s.key for s in STAGES], web_port=web_port)
-    return build_app(config, STAGES, pipeline_deps(dsn, queues_file))
+    web_settings = http.faust_settings() if web_port is not None else {}
+    app = build_app(config, STAGES, pipeline_deps(dsn, queues_file), **web_settings)
+    if web_port is not None:
+        http.mount(app, app.stovepipe_runtime, api_token=api_token)  # type: ignore[attr-defined]
+    return app

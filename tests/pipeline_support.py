@@ -237,7 +237,10 @@ def reset_group_to_beginning(bootstrap: str, group: str, topics: list[str]) -> N
     futures = admin.alter_consumer_group_offsets(
         [ConsumerGroupTopicPartitions(group, partitions)])
     for fut in futures.values():
-        fut.result(timeout=30)
+        result = fut.result(timeout=30)
+        # Kafka answers per partition (e.g. a live member refuses the reset)
+        failed = [tp for tp in result.topic_partitions if tp.error is not None]
+        assert not failed, f"offset reset refused: {failed}"
 
 
 def produce_ingests(bootstrap: str, topics: TopicsConfig, queues: list[str]) -> None:

@@ -1,0 +1,397 @@
+"""The worker's HTTP API over real HTTP: a real `stovepipe worker` process, the real
+broker and database, and urllib as the client."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from streams.settings import REPO_ROOT
+from tests.pipeline_support import STOVEPIPE, Pipeline
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
+
+TOKEN = "s3cret-token"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Reply:
+    status: int
+    body: Any
+    headers: dict[str, str]
+    text: str
+
+
+class WebPipeline(Pipeline):
+    """A Pipeline whose workers serve HTTP on a port of their own."""
+
+    port: int | None = None
+
+    def start_web_worker(self, *extra: str, env: dict[str, str] | None = None,
+                         port: int | None = None) -> subprocess.Popen[bytes]:
+        self.port = port or free_port()
+        self._log_index += 1
+        with open(self.root / f"worker-{self._log_index}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [*STOVEPIPE, "worker", "--loglevel", "info", "--web-port", str(self.port),
+                 *extra],
+                env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT)
+        self.workers.append(proc)
+        return proc
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def call(self, method: str, path: str, *, token: str | None = None,
+             timeout: float = 30) -> Reply:
+        request = urllib.request.Request(self.url(path), method=method,
+                                         data=b"" if method == "POST" else None)
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                status, raw, headers = response.status, response.read(), response.headers
+        except urllib.error.HTTPError as err:
+            status, raw, headers = err.code, err.read(), err.headers
+        text = raw.decode()
+        body = json.loads(text) if "json" in headers.get("Content-Type", "") else None
+        return Reply(status, body, dict(headers), text)
+
+    def get(self, path: str) -> Reply:
+        return self.call("GET", path)
+
+    def post(self, path: str, token: str | None = TOKEN) -> Reply:
+        return self.call("POST", path, token=token)
+
+    def wait_healthy(self, timeout: float = 90) -> None:
+        def healthy() -> bool:
+            assert self.workers[-1].poll() is None, self.logs()
+            try:
+                return self.get("/health").status == 200
+            except OSError:
+                return False
+
+        wait_until(healthy, timeout=timeout, what="the worker's /health to answer 200",
+                   interval=0.2)
+
+
+def assert_error(reply: Reply, status: int, *fragments: str) -> None:
+    """A JSON error with a message, never a traceback."""
+    assert reply.status == status, (reply.status, reply.text)
+    assert reply.body is not None, f"not JSON: {reply.text!r}"
+    assert set(reply.body) == {"error"}, reply.body
+    for fragment in fragments:
+        assert fragment in reply.body["error"], reply.body["error"]
+    assert "Traceback" not in reply.text
+
+
+@pytest.fixture
+def web(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
+        tmp_path: Path) -> Iterator[WebPipeline]:
+    p = WebPipeline(bootstrap=kafka_bootstrap, dsn=migrated_dsn, prefix=topic_prefix,
+                    root=tmp_path)
+    try:
+        yield p
+    finally:
+        p.stop_workers()
+
+
+def _uri(ref: str, sha: str) -> str:
+    return f"fake://r/{ref}/{sha}"
+
+
+def test_ingest_and_read_back_over_http(web: WebPipeline) -> None:
+    ref = web.add_queue("team/main")
+    web.add_queue("idle")
+    web.repo.push(ref, "a1")
+    web.start_web_worker(env={"STOVEPIPE_API_TOKEN": TOKEN})
+    web.wait_healthy()
+
+    health = web.get("/health")
+    assert health.body == {"status": "ok", "runtime": "started", "database": "ok"}
+
+    first = web.post("/api/queues/team/main/ingest")
+    assert (first.status, first.body) == (201, {"queue": "team/main", "new": True,
+                                                "request_id": "request/team/main/1"})
+    again = web.post("/api/queues/team%2Fmain/ingest")  # the same head, name encoded
+    assert (again.status, again.body["request_id"], again.body["new"]) == (
+        200, "request/team/main/1", False)
+    web.wait_quiet()
+
+    shown = web.get("/api/requests/request/team/main/1")
+    assert shown.status == 200
+    assert shown.body["request"]["state"] == "succeeded"
+    assert shown.body["request"]["uri"] == _uri(ref, "a1")
+    assert [b["status"] for b in shown.body["builds"]] == ["succeeded"]
+    assert shown.body["fact"]["degree"] == 0
+    assert shown.body["green"] is True
+    assert web.get("/api/requests/" + quote("request/team/main/1", safe="")).body == shown.body
+
+    web.repo.push(ref, "b2-fail")
+    assert web.post("/api/queues/team/main/ingest").body["request_id"] == "request/team/main/2"
+    web.wait_quiet()
+
+    queue = web.get("/api/queues/team/main")
+    assert queue.status == 200
+    assert queue.body["name"] == "team/main"
+    assert queue.body["ingested"] is True
+    assert queue.body["max_concurrent"] == 1
+    assert queue.body["in_flight"] == 0
+    assert queue.body["last_green_uri"] == _uri(ref, "a1")
+    assert queue.body["last_green_request_id"] == "request/team/main/1"
+    assert queue.body["latest_request"]["id"] == "request/team/main/2"
+    assert queue.body["latest_request"]["state"] == "failed"
+    assert queue.body["promotion_ref"]["name"] == f"{ref}-verified-main"
+    assert web.get("/api/queues/team%2Fmain").body == queue.body
+
+    idle = web.get("/api/queues/idle").body
+    assert (idle["ingested"], idle["latest_request"], idle["last_green_uri"]) == (
+        False, None, None)
+    listed = web.get("/api/queues").body["queues"]
+    assert sorted(q["name"] for q in listed) == ["idle", "team/main"]
+
+    green = web.get("/api/facts?" + urlencode({"queue": "team/main", "uri": _uri(ref, "a1")}))
+    assert (green.status, green.body["green"], green.body["fact"]["request_id"]) == (
+        200, True, "request/team/main/1")
+    red = web.get("/api/facts?" + urlencode({"queue": "team/main",
+                                            "uri": _uri(ref, "b2-fail")}))
+    assert (red.status, red.body["green"], red.body["fact"]["degree"]) == (200, False, 1)
+    unknown = web.get("/api/facts?" + urlencode({"queue": "team/main", "uri": "fake://r/x/y"}))
+    assert (unknown.status, unknown.body["green"], unknown.body["fact"]) == (200, False, None)
+
+    # newest first by ingest order: past 9, text order would put /10 after /9
+    for n in range(3, 13):
+        web.repo.push(ref, f"c{n}")
+        assert web.post("/api/queues/team/main/ingest").status == 201
+    recent = web.get("/api/queues/team/main/requests?limit=100")
+    assert recent.status == 200
+    ids = [r["request"]["id"] for r in recent.body["requests"]]
+    assert ids == [f"request/team/main/{n}" for n in range(12, 0, -1)]
+    by_id = {r["request"]["id"]: r for r in recent.body["requests"]}
+    assert by_id["request/team/main/1"]["green"] is True
+    assert by_id["request/team/main/2"]["fact"]["degree"] == 1
+    top = web.get("/api/queues/team%2Fmain/requests?limit=2").body["requests"]
+    assert [r["request"]["id"] for r in top] == ["request/team/main/12", "request/team/main/11"]
+    assert len(web.get("/api/queues/team/main/requests").body["requests"]) == 12
+    assert web.get("/api/queues/idle/requests").body == {"queue": "idle", "requests": []}
+
+    metrics = web.get("/metrics")
+    assert metrics.status == 200 and "stovepipe_deliveries_total" in metrics.text
+    web.wait_quiet()
+
+
+def test_bad_input_is_a_json_error_never_a_traceback(web: WebPipeline) -> None:
+    web.add_queue("team/main")  # its ref does not exist: ingesting it is a config error
+    web.repo.push("another-branch", "x1")
+    web.start_web_worker()  # no token: POST is open
+    web.wait_healthy()
+    invalid = "invalid queue name"
+    assert_error(web.get("/api/queues/bad%20name"), 400, invalid, "' '")
+    assert_error(web.get("/api/queues/a//b"), 400, invalid, "'//'")
+    assert_error(web.get("/api/queues/" + "q" * 201), 400, invalid, "201 characters")
+    assert_error(web.post("/api/queues/-dash/ingest", token=None), 400, invalid)
+    assert_error(web.get("/api/queues/bad%20name/requests"), 400, invalid)
+    assert_error(web.get("/api/facts?queue=bad%20name&uri=x"), 400, invalid)
+
+    assert_error(web.get("/api/queues/nope/main"), 404, "unknown queue 'nope/main'",
+                 "team/main")
+    assert_error(web.post("/api/queues/nope/ingest", token=None), 404, "unknown queue")
+    assert_error(web.get("/api/queues/nope/requests"), 404, "unknown queue")
+    assert_error(web.post("/api/queues/team/main/ingest", token=None), 422, "has no ref")
+
+    assert_error(web.get("/api/requests/garbage"), 400, "not a request id")
+    assert_error(web.get("/api/requests/request/team/main/x"), 400, "not a request id")
+    assert_error(web.get("/api/requests/request/bad%20q/1"), 400, invalid)
+    assert_error(web.get("/api/requests/request/team/main/7"), 404, "request/team/main/7")
+
+    assert_error(web.get("/api/queues/team/main/requests?limit=0"), 400, "'limit'")
+    assert_error(web.get("/api/queues/team/main/requests?limit=x"), 400, "'limit'")
+    assert_error(web.get("/api/queues/team/main/requests?limit=101"), 400, "'limit'")
+    assert_error(web.get("/api/facts?queue=team/main"), 400, "'uri'")
+    assert_error(web.get("/api/facts?uri=x"), 400, "'queue'")
+    assert_error(web.get("/api/nothing/here"), 404, "no such endpoint", "GET /api/facts")
+    assert_error(web.call("DELETE", "/api/queues"), 405)
+
+    unknown_queue = web.get("/api/facts?queue=nope&uri=x")  # a gate never gets a 404
+    assert (unknown_queue.status, unknown_queue.body["green"]) == (200, False)
+    assert "unknown queue" in unknown_queue.body["note"]
+
+
+def test_an_api_token_guards_writes_only(web: WebPipeline) -> None:
+    ref = web.add_queue("team/main")
+    web.repo.push(ref, "a1")
+    web.start_web_worker("--api-token", TOKEN)
+    web.wait_healthy()
+    missing = web.post("/api/queues/team/main/ingest", token=None)
+    assert_error(missing, 401, "Authorization: Bearer")
+    assert missing.headers.get("WWW-Authenticate") == "Bearer"
+    assert_error(web.post("/api/queues/team/main/ingest", token="wrong"), 401, "wrong")
+    assert_error(web.post("/api/queues/nope/ingest", token=None), 401)  # auth comes first
+    assert web.states() == {}
+    assert web.post("/api/queues/team/main/ingest").status == 201
+    assert web.get("/api/queues/team/main").status == 200  # reads stay open
+    assert web.get("/api/requests/request/team/main/1").status == 200
+
+
+class TcpProxy:
+    """Forwards a local port to PostgreSQL; `cut()` drops every connection and refuses
+    new ones until `restore()`: the database is down as far as the worker can tell."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.down = False
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.down:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._open += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self.down = True
+        with self._lock:
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._open.clear()
+
+    def restore(self) -> None:
+        self.down = False
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+def test_database_down_is_503_and_health_recovers(web: WebPipeline) -> None:
+    ref = web.add_queue("team/main")
+    web.repo.push(ref, "a1")
+    params = conninfo_to_dict(web.dsn)
+    proxy = TcpProxy(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+    try:
+        proxied = make_conninfo(web.dsn, host="127.0.0.1", port=str(proxy.port))
+        web.start_web_worker(env={"STOVEPIPE_POSTGRES_DSN": proxied})
+        web.wait_healthy()
+        assert web.post("/api/queues/team/main/ingest").status == 201
+
+        proxy.cut()
+        health = web.get("/health")
+        assert health.status == 503, health.text
+        assert health.body["status"] == "unavailable"
+        assert health.body["runtime"] == "started"
+        assert health.body["database"] != "ok"
+        # each read gives up after its deadline (5 s) rather than waiting for the pool
+        assert_error(web.get("/api/requests/request/team/main/1"), 503, "try again")
+        assert_error(web.get("/api/queues/team/main/requests"), 503, "try again")
+
+        proxy.restore()
+        web.wait_healthy(timeout=60)
+        assert web.get("/api/requests/request/team/main/1").status == 200
+    finally:
+        web.stop_workers()
+        proxy.close()
+
+
+def test_an_explicit_web_port_in_use_is_refused_clearly(web: WebPipeline) -> None:
+    web.add_queue("team/main")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = web.cli("worker", "--web-port", str(port), check=False)
+    assert result.returncode == 1
+    assert f"port {port} is in use" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_dead_letter_depth_counts_what_the_group_has_not_committed(
+        kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
+    import asyncio
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from streams.queries import DeadLetterDepths
+    from tests.runtime_support import create_topics, write_test_topics
+
+    topics = create_topics(kafka_bootstrap, write_test_topics(tmp_path / "topics.yaml"),
+                           topic_prefix)
+    process_dlq = topics.dead_letter("process").full_name
+    record_dlq = topics.dead_letter("record").full_name
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for n in range(5):
+        producer.produce(process_dlq, key=b"k", value=b"v%d" % n, partition=0)
+    producer.produce(record_dlq, key=b"k", value=b"v", partition=1)
+    assert producer.flush(30) == 0
+    group = f"{topic_prefix}group"
+    depths = DeadLetterDepths(bootstrap=kafka_bootstrap, group=group, ttl=0,
+                              topics={"process": process_dlq, "record": record_dlq})
+
+    report = asyncio.run(depths.report())
+    assert report.error is None
+    assert {t.stage: t.depth for t in report.topics} == {"process": 5, "record": 1}
+    assert report.total == 6
+
+    committer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group,
+                          "enable.auto.commit": False})
+    try:
+        committer.commit(offsets=[TopicPartition(process_dlq, 0, 3)], asynchronous=False)
+    finally:
+        committer.close()
+    assert {t.stage: t.depth for t in asyncio.run(depths.report()).topics} == {
+        "process": 2, "record": 1}
+
+    broken = DeadLetterDepths(bootstrap=kafka_bootstrap, group=group, ttl=0, timeout=2,
+                              topics={"process": f"{topic_prefix}no-such-topic"})
+    report = asyncio.run(broken.report())
+    assert report.error is not None and report.topics == []
