@@ -1,8 +1,9 @@
 """build(request id): trigger the Request's build and start polling it (design §5).
 
-Never writes the Request. A Request with a build row already has its build and poll
-loop, so a duplicate BuildRequest is acknowledged; a crash between trigger and that row
-can still start a second build, which buildsignal absorbs (first writer wins).
+Never writes the Request. A Request with a build row is not built again: its poll loop
+is (re)published instead, and buildsignal drops duplicate loops. A crash between trigger
+and the row can still start a second build, which buildsignal absorbs (first writer
+wins).
 """
 
 from __future__ import annotations
@@ -28,18 +29,21 @@ async def handle_build(payload: BuildRequest, ctx: Context) -> Outcome:
     if request.state is not RequestState.PROCESSING or request.build_strategy is None:
         raise StrategyNotVisible(f"request {request.id} is {request.state} with no strategy")
 
-    if await deps.db.builds.list_for_request(request.queue, request.id):
-        # a duplicate BuildRequest: a build row exists only once its poll loop was
-        # published (below), so there is nothing left to do
-        ctx.log.info("build_exists: duplicate ignored")
+    existing = await deps.db.builds.list_for_request(request.queue, request.id)
+    if existing:
+        # a duplicate BuildRequest, or a redelivery after a crash between the row and the
+        # publish below: (re)start the poll loop; buildsignal drops duplicate loops
+        await _publish_to_buildsignal(ctx, existing[0].id, request.queue)
         return ACK
     runner = deps.extensions.build_runner(request.queue)
     build_id = await runner.trigger(request.base_uri, request.uri,
                                     {"queue": request.queue, "request_id": request.id,
                                      "strategy": request.build_strategy.value})
-    # publish before the row: a crash in between re-triggers on redelivery (a second
-    # build, absorbed downstream) and the orphaned poll loop retries until it ends
-    await ctx.publish(TopicKey.BUILDSIGNAL, BuildSignal(id=build_id, queue_name=request.queue))
     await deps.db.builds.get_or_create(request.queue, build_id, request.id)
     ctx.log.info("triggered build_id=%s strategy=%s", build_id, request.build_strategy)
+    await _publish_to_buildsignal(ctx, build_id, request.queue)
     return ACK
+
+
+async def _publish_to_buildsignal(ctx: Context, build_id: str, queue: str) -> None:
+    await ctx.publish(TopicKey.BUILDSIGNAL, BuildSignal(id=build_id, queue_name=queue))

@@ -10,9 +10,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from contract import BuildSignal, Record, TopicKey
-from store import Build, BuildStatus, InvariantViolation, NotFound, Request, RequestState
+from store import Build, BuildStatus, InvariantViolation, Request, RequestState
 from streams.deps import Deps, check_queue_name
-from streams.runtime import ACK, Hold, Outcome, RetryableError
+from streams.runtime import ACK, Hold, Outcome
 from streams.runtime.stage import Context
 from streams.stagekit import seconds, with_cas_retries
 
@@ -35,11 +35,14 @@ async def _poll(payload: BuildSignal, ctx: Context) -> Outcome:
 
     config = deps.queue_config(build.queue)
     if not build.status.is_terminal:
+        if deps.poll_loops.is_duplicate(build.id):
+            return ACK  # another loop of this build polled it and goes on
         build = await _refresh_status(ctx, build, seconds(config.poll_deadline))
     if not build.status.is_terminal:
-        delay = (config.poll_delay_running if build.status is BuildStatus.RUNNING
-                 else config.poll_delay_queued)
-        return Hold(seconds(delay))
+        delay = seconds(config.poll_delay_running if build.status is BuildStatus.RUNNING
+                        else config.poll_delay_queued)
+        deps.poll_loops.polled(build.id, delay)
+        return Hold(delay)
 
     outcome = build.status.request_outcome
     async with deps.db.transaction() as tx:
@@ -51,20 +54,11 @@ async def _poll(payload: BuildSignal, ctx: Context) -> Outcome:
     return ACK
 
 
-class BuildNotVisible(RetryableError):
-    """build publishes the poll loop just before writing the build row: retry until the
-    row appears (if build died in between, the retries run out and the DLQ reconciler
-    finds no build to fail)."""
-
-
 async def _load_build(deps: Deps, payload: BuildSignal) -> Build:
-    try:
-        if payload.queue_name:
-            build = await deps.db.builds.get(payload.queue_name, payload.id)
-        else:
-            build = await deps.db.builds.get_by_id(payload.id)
-    except NotFound as exc:
-        raise BuildNotVisible(str(exc)) from exc
+    if payload.queue_name:
+        build = await deps.db.builds.get(payload.queue_name, payload.id)
+    else:
+        build = await deps.db.builds.get_by_id(payload.id)
     check_queue_name(payload.queue_name, build.queue, f"build {build.id}")
     return build
 

@@ -78,7 +78,8 @@ class Pipeline:
     def start_worker(self) -> subprocess.Popen[bytes]:
         self._log_index += 1
         with open(self.root / f"worker-{self._log_index}.log", "wb") as log:
-            proc = subprocess.Popen([*STOVEPIPE, "worker", "--loglevel", "info"],
+            # no HTTP: workers of one test would race for the default port
+            proc = subprocess.Popen([*STOVEPIPE, "worker", "--loglevel", "info", "--no-web"],
                                     env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                     cwd=REPO_ROOT)
         self.workers.append(proc)

@@ -32,7 +32,7 @@ from contract import BuildSignal, payload_type, unmarshal
 from store import BuildStatus, Database, NotFound, RequestState, request_seq
 from streams.build import handle_build
 from streams.buildsignal import handle_buildsignal
-from streams.deps import Deps
+from streams.deps import Deps, PollLoops
 from streams.ingest import ingest_queue
 from streams.process import handle_process
 from streams.reconcile import (
@@ -125,6 +125,9 @@ class Model:
             extensions=MemoryExtensions(  # type: ignore[arg-type]
                 {q.name: q.repo for q in self.queues.values()},
                 {q.name: q.runner for q in self.queues.values()}),
+            # the model redelivers holds at once (it has no clock), so the poll-loop
+            # dedup, which relies on holds never being early, must not judge them
+            poll_loops=_NoPollLoopDedup(),
         )
         self.facts: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         self.request_seen: dict[str, tuple[RequestState, Any, Any]] = {}
@@ -530,3 +533,8 @@ def test_truncate_of_facts_is_refused(migrated_dsn: str) -> None:
     with psycopg.connect(migrated_dsn, autocommit=True) as conn, \
             pytest.raises(psycopg.errors.IntegrityConstraintViolation):
         conn.execute("TRUNCATE validation_fact CASCADE")
+
+
+class _NoPollLoopDedup(PollLoops):
+    def is_duplicate(self, build_id: str) -> bool:
+        return False
