@@ -11,6 +11,7 @@ directory of the YAML file, so a configuration means the same from any working d
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Mapping
@@ -23,10 +24,12 @@ from typing import Any, ClassVar, TypeAlias
 import yaml
 
 from streams import settings as settings_mod
+from streams.buildrunner.command import DEFAULT_MAX_PARALLEL, CommandBuildRunner
 from streams.buildrunner.contract import BuildRunner
 from streams.buildrunner.fake import FakeBuildRunner
 from streams.sourcecontrol.contract import SourceControl
 from streams.sourcecontrol.fake import FakeSourceControl
+from streams.sourcecontrol.git import GitSourceControl, check_branch_name, is_remote_url
 from streams.topics import format_duration, parse_duration
 
 ENV_QUEUES_FILE = "STOVEPIPE_QUEUES_FILE"
@@ -124,9 +127,34 @@ class FakeBuildRunnerSpec:
     state_dir: Path | None = None  # where cancellations are shared; None: cancel is a no-op
 
 
-# One member each for now; `kind: git` and `kind: command` join these unions.
-SourceControlSpec: TypeAlias = FakeSourceControlSpec
-BuildRunnerSpec: TypeAlias = FakeBuildRunnerSpec
+@dataclass(frozen=True)
+class GitSourceControlSpec:
+    """`kind: git`: a real repository, local path or remote URL
+    (streams.sourcecontrol.git)."""
+
+    kind: ClassVar[str] = "git"
+    repository: str  # a URL as written, or an absolute local path
+    ref: str
+    promotion_ref: str | None = None
+    push: bool | None = None  # None: push to a remote URL, update a local path in place
+    cache_dir: Path | None = None  # where remotes are cached; None: $STOVEPIPE_HOME/git
+
+
+@dataclass(frozen=True)
+class CommandBuildRunnerSpec:
+    """`kind: command`: a shell command in a clean checkout of the head commit
+    (streams.buildrunner.command)."""
+
+    kind: ClassVar[str] = "command"
+    command: str
+    repository: str | None = None  # None: the queue's git source_control's repository
+    work_dir: Path | None = None  # None: $STOVEPIPE_HOME/builds/<queue>
+    max_parallel: int = DEFAULT_MAX_PARALLEL  # builds of the work_dir running at once
+    timeout: timedelta | None = None  # then the build is stopped and failed
+
+
+SourceControlSpec: TypeAlias = FakeSourceControlSpec | GitSourceControlSpec
+BuildRunnerSpec: TypeAlias = FakeBuildRunnerSpec | CommandBuildRunnerSpec
 
 
 @dataclass(frozen=True)
@@ -165,6 +193,9 @@ def make_source_control(queue: QueueConfig) -> SourceControl:
     spec = queue.source_control
     if isinstance(spec, FakeSourceControlSpec):
         return FakeSourceControl(spec.path, spec.repo, spec.ref, spec.promotion_ref)
+    if isinstance(spec, GitSourceControlSpec):
+        return GitSourceControl(spec.repository, spec.ref, spec.promotion_ref, push=spec.push,
+                                cache_dir=spec.cache_dir)
     raise TypeError(f"queue {queue.name!r}: no SourceControl for {spec!r}")
 
 
@@ -172,7 +203,31 @@ def make_build_runner(queue: QueueConfig) -> BuildRunner:
     spec = queue.build_runner
     if isinstance(spec, FakeBuildRunnerSpec):
         return FakeBuildRunner(spec.state_dir)
+    if isinstance(spec, CommandBuildRunnerSpec):
+        source_control = queue.source_control
+        repository = spec.repository or _queue_repository(source_control)
+        if repository is None:
+            raise ValueError(f"queue {queue.name!r}: a command build runner needs "
+                             f"'repository' when the source_control is not git")
+        return CommandBuildRunner(
+            spec.command, repository, spec.work_dir or default_work_dir(queue.name),
+            queue=queue.name, max_parallel=spec.max_parallel,
+            timeout=spec.timeout.total_seconds() if spec.timeout is not None else None,
+            # a remote shared with the source control is fetched into one cache
+            cache_root=(source_control.cache_dir
+                        if isinstance(source_control, GitSourceControlSpec) else None))
     raise TypeError(f"queue {queue.name!r}: no BuildRunner for {spec!r}")
+
+
+def default_work_dir(queue: str) -> Path:
+    """Where a queue's command builds live by default: $STOVEPIPE_HOME/builds/<queue>."""
+    parts = [f"_{part}" if part in (".", "..") else part for part in queue.split("/")]
+    return settings_mod.load_settings().home / "builds" / Path(*parts)
+
+
+def _queue_repository(source_control: SourceControlSpec) -> str | None:
+    return (source_control.repository if isinstance(source_control, GitSourceControlSpec)
+            else None)
 
 
 class Extensions:
@@ -209,9 +264,13 @@ _KNOBS: dict[str, Any] = {
 _QUEUE_FIELDS = {*_KNOBS, "source_control", "build_runner"}
 _DURATION_KNOBS = ("gate_delay", "poll_delay_queued", "poll_delay_running", "poll_deadline")
 _FAKE_SOURCE_CONTROL_FIELDS = {"kind", "path", "repo", "ref", "promotion_ref"}
+_GIT_SOURCE_CONTROL_FIELDS = {"kind", "repository", "ref", "promotion_ref", "push",
+                              "cache_dir"}
 _FAKE_BUILD_RUNNER_FIELDS = {"kind", "state_dir"}
-_SOURCE_CONTROL_KINDS = ("fake",)
-_BUILD_RUNNER_KINDS = ("fake",)
+_COMMAND_BUILD_RUNNER_FIELDS = {"kind", "command", "repository", "work_dir", "max_parallel",
+                                "timeout"}
+_SOURCE_CONTROL_KINDS = ("fake", "git")
+_BUILD_RUNNER_KINDS = ("fake", "command")
 
 
 @dataclass
@@ -293,7 +352,20 @@ def _queue(name: str, where: str, merged: dict[str, _Value], base_dir: Path,
     if "build_runner" not in merged:
         problems.add(where, "missing 'build_runner' (set it here or in defaults), e.g. "
                             "{kind: fake}")
-    if fields.get("source_control") is None or fields.get("build_runner") is None:
+    source_control, build_runner = fields.get("source_control"), fields.get("build_runner")
+    if (isinstance(build_runner, CommandBuildRunnerSpec) and build_runner.repository is None
+            and source_control is not None):
+        repository = _queue_repository(source_control)
+        if repository is None:
+            from_queue = merged["build_runner"].where.startswith(f"{where}.")
+            problems.add(f"{where}.build_runner" if from_queue else where,
+                         f"the command build_runner{'' if from_queue else ' (from defaults)'} "
+                         f"has no 'repository' and the queue's source_control is kind "
+                         f"{source_control.kind!r}, not git: set its repository, e.g. "
+                         f"repository: /srv/git/monorepo")
+            return None
+        fields["build_runner"] = dataclasses.replace(build_runner, repository=repository)
+    if source_control is None or build_runner is None:
         return None  # reported; the file is rejected
     return QueueConfig(name=name, **{k: v for k, v in fields.items() if k in _QUEUE_FIELDS})
 
@@ -369,10 +441,12 @@ def _resolve(path: str, base_dir: Path) -> Path:
 def _source_control(value: _Value, base_dir: Path,
                     problems: _Problems) -> SourceControlSpec | None:
     found = _spec_kind(value, _SOURCE_CONTROL_KINDS, "source_control",
-                       "{kind: fake, path: repo.json, repo: demo, ref: main}", problems)
+                       "{kind: git, repository: /srv/git/monorepo, ref: main}", problems)
     if found is None:
         return None
-    _, spec = found  # only `fake` so far
+    kind, spec = found
+    if kind == "git":
+        return _git_source_control(spec, value.where, base_dir, problems)
     where = value.where
     _check_fields(spec, _FAKE_SOURCE_CONTROL_FIELDS, where, problems)
     path = _string(spec, "path", where, problems, required=True)
@@ -393,16 +467,89 @@ def _source_control(value: _Value, base_dir: Path,
                                  promotion_ref=promotion_ref)
 
 
+def _git_source_control(spec: dict[str, Any], where: str, base_dir: Path,
+                        problems: _Problems) -> GitSourceControlSpec | None:
+    _check_fields(spec, _GIT_SOURCE_CONTROL_FIELDS, where, problems)
+    repository = _repository(spec, where, base_dir, problems, required=True)
+    ref = _branch(spec, "ref", where, problems, required=True)
+    promotion_ref = _branch(spec, "promotion_ref", where, problems, required=False)
+    if promotion_ref is not None and promotion_ref == ref:
+        problems.add(f"{where}.promotion_ref", f"must differ from ref {ref!r}: promotion "
+                                               f"moves a ref of its own")
+        promotion_ref = None
+    push = spec.get("push")
+    if push is not None and not isinstance(push, bool):
+        problems.add(f"{where}.push", f"expected true or false, got {push!r}")
+        push = None
+    cache_dir = _string(spec, "cache_dir", where, problems, required=False)
+    if repository is None or ref is None:
+        return None
+    return GitSourceControlSpec(repository=repository, ref=ref, promotion_ref=promotion_ref,
+                                push=push,
+                                cache_dir=_resolve(cache_dir, base_dir) if cache_dir else None)
+
+
+def _repository(spec: dict[str, Any], where: str, base_dir: Path, problems: _Problems, *,
+                required: bool) -> str | None:
+    """A remote URL as written, or a local path made absolute (against the file's
+    directory)."""
+    repository = _string(spec, "repository", where, problems, required=required)
+    if repository is None or is_remote_url(repository):
+        return repository
+    return str(_resolve(repository, base_dir))
+
+
+def _branch(spec: dict[str, Any], key: str, where: str, problems: _Problems, *,
+            required: bool) -> str | None:
+    name = _string(spec, key, where, problems, required=required)
+    if name is None:
+        return None
+    try:
+        return check_branch_name(name)
+    except ValueError as exc:
+        problems.add(f"{where}.{key}", str(exc))
+        return None
+
+
 def _build_runner(value: _Value, base_dir: Path,
                   problems: _Problems) -> BuildRunnerSpec | None:
     found = _spec_kind(value, _BUILD_RUNNER_KINDS, "build_runner",
-                       "{kind: fake, state_dir: builds}", problems)
+                       "{kind: command, command: make test}", problems)
     if found is None:
         return None
-    _, spec = found  # only `fake` so far
+    kind, spec = found
+    if kind == "command":
+        return _command_build_runner(spec, value.where, base_dir, problems)
     _check_fields(spec, _FAKE_BUILD_RUNNER_FIELDS, value.where, problems)
     state_dir = _string(spec, "state_dir", value.where, problems, required=False)
     return FakeBuildRunnerSpec(state_dir=_resolve(state_dir, base_dir) if state_dir else None)
+
+
+def _command_build_runner(spec: dict[str, Any], where: str, base_dir: Path,
+                          problems: _Problems) -> CommandBuildRunnerSpec | None:
+    _check_fields(spec, _COMMAND_BUILD_RUNNER_FIELDS, where, problems)
+    command = spec.get("command")
+    if command is None:
+        problems.add(where, "missing 'command', e.g. command: make test")
+    elif not isinstance(command, str) or not command.strip():
+        problems.add(f"{where}.command", f"expected a non-empty shell command, got "
+                                         f"{command!r}")
+        command = None
+    repository = _repository(spec, where, base_dir, problems, required=False)
+    work_dir = _string(spec, "work_dir", where, problems, required=False)
+    max_parallel = DEFAULT_MAX_PARALLEL
+    if "max_parallel" in spec:
+        max_parallel = _positive_int(_Value(spec["max_parallel"], f"{where}.max_parallel"),
+                                     problems)
+    timeout = None
+    if spec.get("timeout") is not None:
+        timeout = _duration(_Value(spec["timeout"], f"{where}.timeout"), problems)
+    if command is None:
+        return None
+    return CommandBuildRunnerSpec(
+        command=command, repository=repository,
+        work_dir=_resolve(work_dir, base_dir) if work_dir else None,
+        max_parallel=max_parallel, timeout=timeout)
 
 
 def _mapping(raw: Any, where: str, problems: _Problems) -> dict[Any, Any]:

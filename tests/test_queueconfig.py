@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import string
 from datetime import timedelta
 from pathlib import Path
@@ -14,13 +15,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streams import settings as settings_mod
+from streams.buildrunner.command import CommandBuildRunner
 from streams.buildrunner.fake import FakeBuildRunner
 from streams.queueconfig import (
     DEFAULT_QUEUES_FILE,
     ENV_QUEUES_FILE,
+    CommandBuildRunnerSpec,
     Extensions,
     FakeBuildRunnerSpec,
     FakeSourceControlSpec,
+    GitSourceControlSpec,
     InvalidQueueName,
     QueueConfig,
     QueueConfigError,
@@ -33,10 +37,13 @@ from streams.queueconfig import (
     validate_queue_name,
 )
 from streams.sourcecontrol.fake import FakeRepo, FakeSourceControl
+from streams.sourcecontrol.git import GitSourceControl
 
 SHIPPED = settings_mod.REPO_ROOT / "queues.yaml"
 FAKE_SC = {"kind": "fake", "path": "repo.json", "repo": "demo", "ref": "main"}
 FAKE_BR = {"kind": "fake"}
+GIT_SC = {"kind": "git", "repository": "monorepo", "ref": "main"}
+COMMAND_BR = {"kind": "command", "command": "make test"}
 
 
 def _write(tmp_path: Path, doc: Any, name: str = "queues.yaml") -> Path:
@@ -169,9 +176,9 @@ def test_relative_paths_do_not_depend_on_the_working_directory(
     ({"queues": {"q": {"source_control": FAKE_SC}}}, "queues.q: missing 'build_runner'"),
     (_doc(source_control="git"), "queues.q.source_control: expected a source_control mapping"),
     (_doc(source_control={"path": "r.json"}), "queues.q.source_control: missing 'kind'"),
-    (_doc(source_control={**FAKE_SC, "kind": "git"}),
-     "queues.q.source_control.kind: unknown source_control kind 'git'; expected one of "
-     "['fake']"),
+    (_doc(source_control={**FAKE_SC, "kind": "svn"}),
+     "queues.q.source_control.kind: unknown source_control kind 'svn'; expected one of "
+     "['fake', 'git']"),
     (_doc(source_control={**FAKE_SC, "remote": "x"}),
      "queues.q.source_control: unknown field 'remote'"),
     (_doc(source_control={"kind": "fake"}), "queues.q.source_control: missing 'path'"),
@@ -189,9 +196,9 @@ def test_relative_paths_do_not_depend_on_the_working_directory(
      "queues.q.source_control.repo: must be letters, digits"),
     (_doc(source_control={**FAKE_SC, "promotion_ref": "main"}),
      "queues.q.source_control.promotion_ref: must differ from ref 'main'"),
-    (_doc(build_runner={"kind": "command"}),
-     "queues.q.build_runner.kind: unknown build_runner kind 'command'; expected one of "
-     "['fake']"),
+    (_doc(build_runner={"kind": "jenkins"}),
+     "queues.q.build_runner.kind: unknown build_runner kind 'jenkins'; expected one of "
+     "['fake', 'command']"),
     (_doc(build_runner={}), "queues.q.build_runner: missing 'kind'"),
     (_doc(build_runner=None), "queues.q.build_runner: expected a build_runner mapping"),
     (_doc(build_runner={"kind": "fake", "state_dir": ["x"]}),
@@ -210,11 +217,11 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
     doc = {
         "defaults": {"gate_delay": "soon"},
         "queues": {
-            "a": {"max_concurrent": 0, "source_control": {"kind": "git"},
+            "a": {"max_concurrent": 0, "source_control": {"kind": "svn"},
                   "build_runner": FAKE_BR},
             "b/": {},
             "c": {"poll_deadline": "-1s", "source_control": FAKE_SC,
-                  "build_runner": {"kind": "command"}},
+                  "build_runner": {"kind": "jenkins"}},
         },
     }
     problems = _problems(tmp_path, doc)
@@ -307,6 +314,208 @@ def test_a_config_built_by_hand() -> None:
                         FakeBuildRunnerSpec())
     config = QueuesConfig(Path("inline"), {"q": queue})
     assert config.get("q") is queue and config.names() == ("q",)
+
+
+# --- git and command --------------------------------------------------------------------------
+
+
+def test_the_shipped_file_s_commented_git_example_is_valid(tmp_path: Path) -> None:
+    lines = SHIPPED.read_text().splitlines()
+    start = lines.index("  # monorepo/main:")
+    example = [line.replace("# ", "", 1) for line in lines[start:] if line.startswith("  # ")]
+    path = tmp_path / "queues.yaml"
+    path.write_text("queues:\n" + "\n".join(example) + "\n")
+    queue = load_queues(path).get("monorepo/main")
+    assert queue.source_control == GitSourceControlSpec(
+        repository="git@github.com:acme/monorepo.git", ref="main",
+        promotion_ref="verified-main", push=True,
+        cache_dir=Path("/var/cache/stovepipe/git"))
+    assert queue.build_runner == CommandBuildRunnerSpec(
+        command="make ci", repository="/srv/mirrors/monorepo.git",
+        work_dir=Path("/var/lib/stovepipe/builds/monorepo"), max_parallel=2,
+        timeout=timedelta(minutes=45))
+
+
+def test_a_git_source_control_and_a_command_runner_with_their_defaults(tmp_path: Path) -> None:
+    queue = load_queues(_write(tmp_path, _doc(source_control=GIT_SC,
+                                              build_runner=COMMAND_BR))).get("q")
+    local = str(tmp_path.resolve() / "monorepo")  # relative to the file's directory
+    assert queue.source_control == GitSourceControlSpec(repository=local, ref="main")
+    assert queue.source_control.push is None and queue.source_control.cache_dir is None
+    # the runner builds the queue's repository unless told otherwise
+    assert queue.build_runner == CommandBuildRunnerSpec(command="make test", repository=local)
+    assert (queue.build_runner.work_dir, queue.build_runner.max_parallel,
+            queue.build_runner.timeout) == (None, 2, None)
+
+
+def test_git_and_command_settings(tmp_path: Path) -> None:
+    doc = _doc(source_control={**GIT_SC, "repository": "git@github.com:acme/mono.git",
+                               "promotion_ref": "verified-main", "push": False,
+                               "cache_dir": "cache"},
+               build_runner={**COMMAND_BR, "command": "make test\nmake lint\n",
+                             "repository": "https://mirror.example/mono.git",
+                             "work_dir": "~/builds", "max_parallel": 4, "timeout": "20m"})
+    queue = load_queues(_write(tmp_path, doc)).get("q")
+    assert queue.source_control == GitSourceControlSpec(
+        repository="git@github.com:acme/mono.git", ref="main", promotion_ref="verified-main",
+        push=False, cache_dir=tmp_path.resolve() / "cache")
+    assert queue.build_runner == CommandBuildRunnerSpec(
+        command="make test\nmake lint\n", repository="https://mirror.example/mono.git",
+        work_dir=Path("~/builds").expanduser(), max_parallel=4,
+        timeout=timedelta(minutes=20))
+
+
+def test_a_command_runner_in_defaults_takes_each_queue_s_repository(tmp_path: Path) -> None:
+    doc = {"defaults": {"build_runner": COMMAND_BR},
+           "queues": {"a": {"source_control": {**GIT_SC, "repository": "/srv/a"}},
+                      "b": {"source_control": {**GIT_SC, "repository": "file:///srv/b.git"}}}}
+    config = load_queues(_write(tmp_path, doc))
+    assert config.get("a").build_runner == CommandBuildRunnerSpec("make test", "/srv/a")
+    assert config.get("b").build_runner == CommandBuildRunnerSpec("make test",
+                                                                  "file:///srv/b.git")
+
+
+@pytest.mark.parametrize(("doc", "expected"), [
+    (_doc(source_control={"kind": "git", "ref": "main"}),
+     "queues.q.source_control: missing 'repository'"),
+    (_doc(source_control={"kind": "git", "repository": "r"}),
+     "queues.q.source_control: missing 'ref'"),
+    (_doc(source_control={**GIT_SC, "repository": ""}),
+     "queues.q.source_control.repository: expected a non-empty string"),
+    (_doc(source_control={**GIT_SC, "ref": "refs/heads/main"}),
+     "queues.q.source_control.ref: invalid branch name 'refs/heads/main': give the branch "
+     "name without 'refs/"),
+    (_doc(source_control={**GIT_SC, "ref": "a..b"}),
+     "queues.q.source_control.ref: invalid branch name 'a..b'"),
+    (_doc(source_control={**GIT_SC, "ref": "my branch"}),
+     "queues.q.source_control.ref: invalid branch name 'my branch': it contains ' '"),
+    (_doc(source_control={**GIT_SC, "promotion_ref": "v#1"}),
+     "queues.q.source_control.promotion_ref: invalid branch name 'v#1': it contains '#'"),
+    (_doc(source_control={**GIT_SC, "promotion_ref": "main"}),
+     "queues.q.source_control.promotion_ref: must differ from ref 'main'"),
+    (_doc(source_control={**GIT_SC, "push": "yes"}),
+     "queues.q.source_control.push: expected true or false, got 'yes'"),
+    (_doc(source_control={**GIT_SC, "cache_dir": 3}),
+     "queues.q.source_control.cache_dir: expected a non-empty string"),
+    (_doc(source_control={**GIT_SC, "path": "repo.json"}),
+     "queues.q.source_control: unknown field 'path'"),
+    (_doc(source_control=GIT_SC, build_runner={"kind": "command"}),
+     "queues.q.build_runner: missing 'command'"),
+    (_doc(source_control=GIT_SC, build_runner={"kind": "command", "command": "  "}),
+     "queues.q.build_runner.command: expected a non-empty shell command"),
+    (_doc(source_control=GIT_SC, build_runner={"kind": "command", "command": ["make"]}),
+     "queues.q.build_runner.command: expected a non-empty shell command"),
+    (_doc(source_control=GIT_SC, build_runner={**COMMAND_BR, "max_parallel": 0}),
+     "queues.q.build_runner.max_parallel: must be a positive integer, got 0"),
+    (_doc(source_control=GIT_SC, build_runner={**COMMAND_BR, "timeout": "soon"}),
+     "queues.q.build_runner.timeout: expected a duration"),
+    (_doc(source_control=GIT_SC, build_runner={**COMMAND_BR, "timeout": "0s"}),
+     "queues.q.build_runner.timeout: must be longer than zero"),
+    (_doc(source_control=GIT_SC, build_runner={**COMMAND_BR, "work_dir": ""}),
+     "queues.q.build_runner.work_dir: expected a non-empty string"),
+    (_doc(source_control=GIT_SC, build_runner={**COMMAND_BR, "state_dir": "x"}),
+     "queues.q.build_runner: unknown field 'state_dir'"),
+    (_doc(build_runner=COMMAND_BR),
+     "queues.q.build_runner: the command build_runner has no 'repository' and the queue's "
+     "source_control is kind 'fake', not git: set its repository"),
+    ({"defaults": {"build_runner": COMMAND_BR}, "queues": {"q": {"source_control": FAKE_SC}}},
+     "queues.q: the command build_runner (from defaults) has no 'repository'"),
+])
+def test_each_git_and_command_problem_is_reported(tmp_path: Path, doc: Any,
+                                                  expected: str) -> None:
+    problems = _problems(tmp_path, doc)
+    assert any(expected in p for p in problems), problems
+
+
+def test_a_command_runner_beside_a_fake_source_control_names_its_repository(
+        tmp_path: Path) -> None:
+    doc = _doc(build_runner={**COMMAND_BR, "repository": "https://example.com/r.git"})
+    queue = load_queues(_write(tmp_path, doc)).get("q")
+    assert queue.build_runner == CommandBuildRunnerSpec("make test",
+                                                        "https://example.com/r.git")
+
+
+def test_the_made_git_source_control_and_command_runner(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(settings_mod.ENV_HOME, str(tmp_path / "home"))
+    doc = _doc(source_control={**GIT_SC, "repository": "https://example.com/mono.git",
+                               "promotion_ref": "verified", "cache_dir": "cache"},
+               build_runner={**COMMAND_BR, "timeout": "90s"})
+    doc["queues"]["mono/main"] = {"source_control": {**GIT_SC, "repository": "/srv/mono"},
+                                  "build_runner": {**COMMAND_BR, "max_parallel": 3,
+                                                   "work_dir": "/var/builds"}}
+    extensions = Extensions(load_queues(_write(tmp_path, doc)))
+
+    remote = extensions.source_control("q")
+    assert isinstance(remote, GitSourceControl)
+    assert (remote.repository, remote.ref, remote.promotion_ref, remote.push) == (
+        "https://example.com/mono.git", "main", "verified", True)  # remote: pushed
+    assert remote.repo.cache_path is not None
+    assert remote.repo.cache_path.parent == tmp_path.resolve() / "cache"
+    runner = extensions.build_runner("q")
+    assert isinstance(runner, CommandBuildRunner)
+    assert (runner.command, runner.repo.repository, runner.queue, runner.max_parallel,
+            runner.timeout) == ("make test", "https://example.com/mono.git", "q", 2, 90.0)
+    assert runner.work_dir == tmp_path / "home" / "builds" / "q"
+    assert runner.repo.cache_path == remote.repo.cache_path  # one cache, fetched once
+
+    local = extensions.source_control("mono/main")
+    assert isinstance(local, GitSourceControl) and local.push is False  # updated in place
+    runner = extensions.build_runner("mono/main")
+    assert isinstance(runner, CommandBuildRunner)
+    assert (runner.repo.repository, runner.work_dir, runner.max_parallel, runner.timeout) == (
+        "/srv/mono", Path("/var/builds"), 3, None)
+
+
+def test_a_git_queue_validates_a_real_commit(tmp_path: Path) -> None:
+    import asyncio
+    import subprocess
+
+    from store.entities import BuildStatus
+    from tests.waiting import wait_until
+
+    def git(*args: str) -> str:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t.invalid",
+                               "-C", str(tmp_path / "mono"), *args], env=env, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    (tmp_path / "mono").mkdir()
+    git("init", "-q", "-b", "main")
+    git("commit", "-q", "--allow-empty", "-m", "c1")
+    doc = _doc(source_control={**GIT_SC, "repository": "mono",
+                               "promotion_ref": "verified-main"},
+               build_runner={**COMMAND_BR, "command": 'test "$(git rev-parse HEAD)" = '
+                                                     '"$STOVEPIPE_HEAD_SHA"',
+                             "work_dir": "builds"})
+    extensions = Extensions(load_queues(_write(tmp_path, doc)))
+    source_control, runner = extensions.source_control("q"), extensions.build_runner("q")
+    head = asyncio.run(source_control.head())
+    build_id = asyncio.run(runner.trigger(None, head, {"queue": "q"}))
+    wait_until(lambda: asyncio.run(runner.status(build_id)).status.is_terminal, timeout=30,
+               what="the build")
+    assert asyncio.run(runner.status(build_id)).status is BuildStatus.SUCCEEDED
+    asyncio.run(source_control.promote(head))
+    assert git("rev-parse", "verified-main") == git("rev-parse", "main")
+
+
+def test_the_default_work_dir_is_per_queue(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(settings_mod.ENV_HOME, str(tmp_path))
+    config = QueuesConfig(Path("inline"), {
+        name: QueueConfig(name, GitSourceControlSpec("/srv/r", "main"),
+                          CommandBuildRunnerSpec("true"))
+        for name in ("mono/main", "x/../y")})
+    made = [make_build_runner(config.get(name)) for name in config.names()]
+    assert [r.work_dir for r in made if isinstance(r, CommandBuildRunner)] == [
+        tmp_path / "builds" / "mono" / "main", tmp_path / "builds" / "x" / "_.." / "y"]
+
+
+def test_a_hand_built_command_runner_without_a_repository_is_refused() -> None:
+    queue = QueueConfig("q", FakeSourceControlSpec(Path("r.json"), "demo", "main"),
+                        CommandBuildRunnerSpec("true"))
+    with pytest.raises(ValueError, match="needs 'repository'"):
+        make_build_runner(queue)
 
 
 # --- queue names -----------------------------------------------------------------------------
