@@ -12,6 +12,7 @@ from streams.commands import (
     request_command,
     worker_command,
 )
+from streams.demo import demo_command
 from streams.devstack.cli import dev_group
 from streams.operator_cli import dlq_group, parked_group, replay_command
 from streams.poller import poll_command
@@ -25,7 +26,7 @@ def main() -> None:
 
 for _command in (dev_group, db_group, topics_group, worker_command, ingest_command,
                  request_command, queue_command, fact_command, replay_command, dlq_group,
-                 parked_group, poll_command):
+                 parked_group, poll_command, demo_command):
     main.add_command(_command)
 
 
