@@ -73,5 +73,6 @@ test: venv system-deps lint ## Lint, start what the tests need, run every test
 	$(BIN)/pytest
 
 .PHONY: bench
-bench: up ## Run the benchmarks (prints figures)
-	@for b in bench/*.py; do [ -e "$$b" ] && $(BIN)/python "$$b"; done; true
+bench: up ## Run the benchmarks (prints figures; about 10 minutes)
+	$(BIN)/python bench/runtime_bench.py
+	$(BIN)/python bench/pipeline_bench.py
