@@ -21,8 +21,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeAlias
 
-import yaml
-
 from streams import settings as settings_mod
 from streams.buildrunner.command import DEFAULT_MAX_PARALLEL, CommandBuildRunner
 from streams.buildrunner.contract import BuildRunner
@@ -31,6 +29,11 @@ from streams.sourcecontrol.contract import SourceControl
 from streams.sourcecontrol.fake import FakeSourceControl
 from streams.sourcecontrol.git import GitSourceControl, check_branch_name, is_remote_url
 from streams.topics import format_duration, parse_duration
+from streams.yamlconfig import Problems as _Problems
+from streams.yamlconfig import Value as _Value
+from streams.yamlconfig import check_fields as _check_fields
+from streams.yamlconfig import mapping as _mapping
+from streams.yamlconfig import read_yaml
 
 ENV_QUEUES_FILE = "STOVEPIPE_QUEUES_FILE"
 DEFAULT_QUEUES_FILE = settings_mod.REPO_ROOT / "queues.yaml"
@@ -271,22 +274,6 @@ _COMMAND_BUILD_RUNNER_FIELDS = {"kind", "command", "repository", "work_dir", "ma
                                 "timeout"}
 _SOURCE_CONTROL_KINDS = ("fake", "git")
 _BUILD_RUNNER_KINDS = ("fake", "command")
-
-
-@dataclass
-class _Value:
-    value: Any
-    where: str  # the YAML path it came from
-
-
-class _Problems:
-    def __init__(self) -> None:
-        self.items: list[str] = []
-
-    def add(self, where: str, message: str) -> None:
-        line = f"{where}: {message}"
-        if line not in self.items:  # a bad default is reported once, not per queue
-            self.items.append(line)
 
 
 def queues_file() -> Path:
@@ -552,30 +539,5 @@ def _command_build_runner(spec: dict[str, Any], where: str, base_dir: Path,
         max_parallel=max_parallel, timeout=timeout)
 
 
-def _mapping(raw: Any, where: str, problems: _Problems) -> dict[Any, Any]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        problems.add(where, f"expected a mapping, got {type(raw).__name__}")
-        return {}
-    return raw
-
-
-def _check_fields(raw: Mapping[Any, Any], allowed: set[str], where: str,
-                  problems: _Problems) -> None:
-    for key in raw:
-        if key not in allowed:
-            problems.add(where, f"unknown field {key!r}; expected one of {sorted(allowed)}")
-
-
 def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise QueueConfigError(path, [f"cannot read: {exc.strerror or exc}"]) from None
-    except UnicodeDecodeError as exc:
-        raise QueueConfigError(path, [f"not UTF-8 text: {exc}"]) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise QueueConfigError(path, [f"not valid YAML: {exc}"]) from None
+    return read_yaml(path, QueueConfigError)

@@ -23,12 +23,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from contract import PAYLOAD_TYPES, TopicKey, payload_type
 from streams import settings as settings_mod
+from streams.yamlconfig import Problems as _Problems
+from streams.yamlconfig import Value as _Value
+from streams.yamlconfig import check_fields as _check_fields
+from streams.yamlconfig import mapping as _mapping
+from streams.yamlconfig import read_yaml
 
 DEFAULT_ADMIN_TIMEOUT = 10.0
 MAX_TOPIC_NAME_LENGTH = 249
@@ -188,38 +192,6 @@ _TOPIC_FIELDS = _SHARED_FIELDS | {"name", "payload", "key_field", "dlq"}
 _TIER_FIELDS = {"name", "delay", "partitions", "replication_factor", "config"}
 _TOP_FIELDS = {"prefix", "defaults", "dlq_defaults", "topics", "delay_tiers"}
 _RETRY_FIELDS = {"max_attempts", "backoff"}
-
-
-@dataclass
-class _Value:
-    value: Any
-    where: str  # the YAML path it came from, for error messages
-
-
-class _Problems:
-    def __init__(self) -> None:
-        self.items: list[str] = []
-
-    def add(self, where: str, message: str) -> None:
-        line = f"{where}: {message}"
-        if line not in self.items:  # a bad default is reported once, not per topic
-            self.items.append(line)
-
-
-def _mapping(raw: Any, where: str, problems: _Problems) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        problems.add(where, f"expected a mapping, got {type(raw).__name__}")
-        return {}
-    return raw
-
-
-def _check_fields(raw: Mapping[str, Any], allowed: set[str], where: str,
-                  problems: _Problems) -> None:
-    for key in raw:
-        if key not in allowed:
-            problems.add(where, f"unknown field {key!r}; expected one of {sorted(allowed)}")
 
 
 def _layer(layers: list[tuple[dict[str, Any], str]]) -> dict[str, _Value]:
@@ -413,16 +385,7 @@ def _delay_tier(entry: str, layers: list[tuple[dict, str]], prefix: str,
 
 
 def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TopicsConfigError(path, [f"cannot read: {exc.strerror or exc}"]) from None
-    except UnicodeDecodeError as exc:
-        raise TopicsConfigError(path, [f"not UTF-8 text: {exc}"]) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise TopicsConfigError(path, [f"not valid YAML: {exc}"]) from None
+    return read_yaml(path, TopicsConfigError)
 
 
 def load_topics(path: Path | str | None = None, prefix: str | None = None) -> TopicsConfig:
