@@ -84,10 +84,9 @@ queues_option = click.option(
 def worker_command(app_id: str, web_port: int, no_web: bool, api_token: str | None,
                    loglevel: str, queues_file: Path | None) -> None:
     """Run every stage and reconciler in this process (scale out: start more)."""
-    import faust
-
     from streams.pipeline import build_worker
     from streams.queueconfig import QueueConfigError, load_queues
+    from streams.runtime.worker import run_worker
     from streams.topics import TopicsConfigError, load_topics
 
     settings = _settings()
@@ -100,8 +99,7 @@ def worker_command(app_id: str, web_port: int, no_web: bool, api_token: str | No
                        dsn=settings.postgres_dsn,
                        queues_file=str(queues_file) if queues_file else None,
                        web_port=_web_port(web_port, no_web), api_token=api_token or None)
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
-    worker.execute_from_commandline()
+    run_worker(app, loglevel=loglevel)
 
 
 def _web_port(web_port: int, no_web: bool) -> int | None:
