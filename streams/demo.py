@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -165,31 +166,14 @@ def _rows(dsn: str) -> dict[str, tuple[str, str]]:
                 conn.execute("SELECT id, uri, state FROM request").fetchall()}
 
 
-def _ingest(dsn: str, topics: Any, queues_file: Path, bootstrap: str) -> str:
-    from aiokafka import AIOKafkaProducer
-    from google.protobuf.message import Message
-
-    from store import Database
-    from streams.deps import Deps
-    from streams.ingest import ingest_queue
-    from streams.queueconfig import Extensions, load_queues
-    from streams.runtime.stage import publish_payload
+def _ingest(settings: settings_mod.Settings, topics: Any, queues_file: Path) -> str:
+    """What `stovepipe ingest demo/main` does, against the demo's schema and topics."""
+    from streams.poller import IngestClient
+    from streams.queueconfig import load_queues
 
     async def run() -> str:
-        queues = load_queues(queues_file)
-        db = await Database.open(dsn, max_size=2)
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-        await producer.start()
-        try:
-            async def publish(key: str, payload: Message) -> None:
-                spec = topics.stage(key)
-                await publish_payload(producer, spec.full_name, payload, spec.key_field)
-
-            return await ingest_queue(Deps(db=db, queues=queues,
-                                           extensions=Extensions(queues)), QUEUE, publish)
-        finally:
-            await producer.stop()
-            await db.close()
+        async with IngestClient(settings, load_queues(queues_file), topics) as client:
+            return (await client.ingest(QUEUE)).request_id
 
     return asyncio.run(run())
 
@@ -275,11 +259,13 @@ def demo_command(web_port: int, keep_running: bool | None) -> None:
     click.echo(f"   pid {worker.pid}, log {log}, dashboard {dashboard}")
     try:
         click.secho("4. Commits land; each is ingested and validated", bold=True)
+        demo_settings = dataclasses.replace(settings, postgres_dsn=dsn,
+                                            kafka_bootstrap=stack.kafka_bootstrap)
         commits: dict[str, tuple[str, str]] = {}
         progress = Progress(dsn, commits)
         for step in STEPS:
             sha = repo.land(step)
-            request_id = _ingest(dsn, topics, queues_file, stack.kafka_bootstrap)
+            request_id = _ingest(demo_settings, topics, queues_file)
             commits[_rows(dsn)[request_id][0]] = (sha, step.subject)
             progress.wait_terminal(request_id, worker, log)
         _print_summary(dsn, repo, commits, dashboard)
