@@ -60,9 +60,10 @@ demo: venv system-deps ## The whole pipeline on a demo git repository, end to en
 	$(BIN)/stovepipe demo
 
 .PHONY: lint
-lint: venv ## ruff and mypy
+lint: venv ## ruff, mypy and the import-linter contracts (the layers)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 .PHONY: proto
 proto: venv ## Regenerate contract/pb from the .proto files

@@ -41,11 +41,11 @@ from typing import IO, Any
 import faust
 
 from contract import BuildRequest, BuildSignal, IngestRequest, ProcessRequest, Record
+from streams.config.topics import load_topics
 from streams.runtime import ACK, Hold, Outcome
 from streams.runtime.config import worker_config
 from streams.runtime.stage import Context, Park, Stage
 from streams.runtime.worker import OpenDeps, build_app, database_deps
-from streams.topics import load_topics
 
 FLUSH_INTERVAL = 0.05
 
@@ -207,7 +207,7 @@ def main() -> None:
                            consumed=[s.key for s in stages])
     app = build_app(config, stages, with_recorder(database_deps(env["BENCH_DSN"])),
                     datadir=env["BENCH_DATADIR"])
-    # started as `stovepipe worker` starts it (streams/commands.py). The level matters:
+    # started as `stovepipe worker` starts it (streams/cli/worker.py). The level matters:
     # at warn or above Faust's spinner sets the root logger to DEBUG (see runtime_bench.py)
     faust.Worker(app, loglevel=env.get("BENCH_LOGLEVEL", "info"),
                  quiet=True).execute_from_commandline()

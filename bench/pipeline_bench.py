@@ -19,7 +19,7 @@ repository file per queue, and starts ONE worker process. Then:
 2. latency     one queue, --latency-requests sequential Requests, each ingested once the
                previous one has its fact: ingest start -> validation_fact.created_at.
 
-Ingest is in-process, `streams.ingest.ingest_queue` (as the e2e test of 100 concurrent
+Ingest is in-process, `streams.stages.ingest.ingest_queue` (as the e2e test of 100 concurrent
 ingests does), on this process's own pool and producer, not through the `ingest` topic.
 
 Where the time goes, per phase:
@@ -45,7 +45,7 @@ Where the time goes, per phase:
 --experiments patch candidate changes to streams/ into the worker (see
 bench/pipeline_worker.py; streams/ itself is untouched) to measure what they would gain.
 
-Endpoints come from `streams.settings.load_settings()`; without STOVEPIPE_KAFKA_BOOTSTRAP /
+Endpoints come from `streams.config.settings.load_settings()`; without STOVEPIPE_KAFKA_BOOTSTRAP /
 STOVEPIPE_POSTGRES_DSN the local stack is started with `streams.devstack.ensure_up`.
 Everything created is removed afterwards (worker stopped, topics and consumer groups
 deleted, schema dropped, temp dir removed) unless --keep. With the defaults a run takes
@@ -84,8 +84,9 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from contract import BuildRequest, BuildSignal, ProcessRequest, Record, unmarshal
-from streams.settings import REPO_ROOT, load_settings
-from streams.topics import TopicsConfig, ensure_topics, load_topics
+from streams.config.settings import REPO_ROOT, load_settings
+from streams.config.topics import TopicsConfig, load_topics
+from streams.runtime.topic_admin import ensure_topics
 
 BENCH_DIR = Path(__file__).resolve().parent
 STAGES = ("process", "build", "buildsignal", "record")
@@ -227,7 +228,7 @@ class Deployment:
         self.queues_file.write_text(yaml.safe_dump({"queues": self.queues}))
 
     def repo(self, queue: str) -> Any:
-        from streams.sourcecontrol.fake import FakeRepo
+        from streams.extensions.sourcecontrol.fake import FakeRepo
 
         return FakeRepo(self.queues[queue]["source_control"]["path"])
 
@@ -351,8 +352,8 @@ class Driver:
         from aiokafka import AIOKafkaProducer
 
         from store import Database
-        from streams.deps import Deps
-        from streams.queueconfig import Extensions, load_queues
+        from streams.config.queues import Extensions, load_queues
+        from streams.stages.deps import Deps
 
         queues = load_queues(self.dep.queues_file)
         self.db = await Database.open(self.dep.dsn, max_size=20, name="pipeline-bench")
@@ -379,7 +380,7 @@ class Driver:
         await publish_payload(self.producer, spec.full_name, payload, spec.key_field)
 
     async def push_and_ingest(self, queue: str, sha: str) -> str:
-        from streams.ingest import ingest_queue
+        from streams.stages.ingest import ingest_queue
 
         await asyncio.to_thread(self.dep.repo(queue).push, REF, sha)
         started = time.time()

@@ -28,7 +28,7 @@ run takes about 4.5 minutes on 2 cores. The machine's load average is printed wi
 table: other processes on a small machine move every figure.
 
 Figures only: nothing here asserts on timing. Endpoints come from
-`streams.settings.load_settings()` (STOVEPIPE_KAFKA_BOOTSTRAP / STOVEPIPE_POSTGRES_DSN);
+`streams.config.settings.load_settings()` (STOVEPIPE_KAFKA_BOOTSTRAP / STOVEPIPE_POSTGRES_DSN);
 without them the local stack is started with `streams.devstack.ensure_up`.
 """
 
@@ -60,9 +60,10 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from contract import IngestRequest, ProcessRequest, marshal
-from streams.kafka_clients import producer_conf
-from streams.settings import REPO_ROOT, load_settings
-from streams.topics import TopicsConfig, ensure_topics, load_topics
+from streams.config.settings import REPO_ROOT, load_settings
+from streams.config.topics import TopicsConfig, load_topics
+from streams.runtime.kafka import producer_conf
+from streams.runtime.topic_admin import ensure_topics
 
 WORKER_MODULE = "bench.bench_worker"
 PIPELINE = ("ingest", "process", "build", "buildsignal", "record")

@@ -48,6 +48,7 @@ def generate(out_dir: Path) -> list[Path]:
     Output paths mirror the repo (`out_dir/contract/pb/x_pb2.py`), so generated imports
     read `from contract.pb import x_pb2`. Returns the generated files, sorted.
     """
+    # Deferred: grpcio-tools is a dev dependency; the package must import without it.
     from grpc_tools import protoc
 
     protos = proto_files()

@@ -21,7 +21,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from streams import settings as settings_mod
+from streams.config import settings as settings_mod
 
 
 def _docker_answers() -> bool:

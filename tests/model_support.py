@@ -18,9 +18,9 @@ from google.protobuf.message import Message
 
 from contract import marshal
 from store.entities import BuildStatus
-from streams.buildrunner import BuildReport, BuildRunnerError
+from streams.extensions.buildrunner import BuildReport, BuildRunnerError
+from streams.extensions.sourcecontrol import CommitNotFound, SourceControlError
 from streams.runtime.stage import PublishFailed
-from streams.sourcecontrol import CommitNotFound, SourceControlError
 
 # --- injected faults: the only failures the model expects a handler to report ---------------
 

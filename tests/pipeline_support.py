@@ -19,9 +19,9 @@ from typing import Any
 import psycopg
 import yaml
 
-from streams.settings import REPO_ROOT
-from streams.sourcecontrol.fake import FakeRepo
-from streams.topics import TopicsConfig
+from streams.config.settings import REPO_ROOT
+from streams.config.topics import TopicsConfig
+from streams.extensions.sourcecontrol.fake import FakeRepo
 from tests.runtime_support import create_topics, write_test_topics
 from tests.waiting import wait_until
 
@@ -248,7 +248,7 @@ def produce_ingests(bootstrap: str, topics: TopicsConfig, queues: list[str]) -> 
     from confluent_kafka import Producer
 
     from contract import IngestRequest, marshal
-    from streams.kafka_clients import producer_conf
+    from streams.runtime.kafka import producer_conf
 
     producer = Producer(producer_conf(bootstrap))
     spec = topics.stage("ingest")

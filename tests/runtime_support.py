@@ -15,9 +15,10 @@ import yaml
 from confluent_kafka import Consumer, Producer
 
 from contract import ProcessRequest, marshal
-from streams.kafka_clients import producer_conf
-from streams.settings import REPO_ROOT
-from streams.topics import TopicsConfig, ensure_topics, load_topics
+from streams.config.settings import REPO_ROOT
+from streams.config.topics import TopicsConfig, load_topics
+from streams.runtime.kafka import producer_conf
+from streams.runtime.topic_admin import ensure_topics
 from tests.apps.runtime_worker import SCHEMA_SQL
 
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from store.entities import BuildStatus
-from streams.buildrunner import BuildReport, BuildRunner, BuildRunnerError
-from streams.buildrunner.command import ACTIVE_DIR, CHECKOUT, CommandBuildRunner
-from streams.sourcecontrol.git import GIT_LOCATION_VARIABLES, git_uri
+from streams.extensions.buildrunner import BuildReport, BuildRunner, BuildRunnerError
+from streams.extensions.buildrunner.command import ACTIVE_DIR, CHECKOUT, CommandBuildRunner
+from streams.extensions.sourcecontrol.gitrepo import GIT_LOCATION_VARIABLES, git_uri
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -345,7 +345,7 @@ def test_a_launch_cut_short_is_failed(builds: Builds, repo: Repo, out: Path) -> 
 
 _TRIGGER_AND_EXIT = """
 import asyncio, sys
-from streams.buildrunner.command import CommandBuildRunner
+from streams.extensions.buildrunner.command import CommandBuildRunner
 command, repository, work_dir, head = sys.argv[1:]
 runner = CommandBuildRunner(command, repository, work_dir)
 print(asyncio.run(runner.trigger(None, head, {"request_id": "request/q/1"})))

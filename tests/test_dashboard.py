@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.settings import REPO_ROOT
+from streams.config.settings import REPO_ROOT
 from tests.test_http_api import WebPipeline
 from tests.waiting import wait_until
 

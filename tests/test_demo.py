@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.settings import REPO_ROOT
+from streams.config.settings import REPO_ROOT
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 

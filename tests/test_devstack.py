@@ -22,7 +22,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from streams import settings as settings_mod
+from streams.config import settings as settings_mod
 from streams.devstack import (
     ENV_DEV_KAFKA_CONTROLLER_PORT,
     ENV_DEV_KAFKA_PORT,

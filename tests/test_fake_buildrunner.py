@@ -12,8 +12,13 @@ from pathlib import Path
 import pytest
 
 from store.entities import BuildStatus
-from streams.buildrunner import BuildReport, BuildRunner, BuildRunnerError
-from streams.buildrunner.fake import CANCELLED_FILE, Behaviour, FakeBuild, FakeBuildRunner
+from streams.extensions.buildrunner import BuildReport, BuildRunner, BuildRunnerError
+from streams.extensions.buildrunner.fake import (
+    CANCELLED_FILE,
+    Behaviour,
+    FakeBuild,
+    FakeBuildRunner,
+)
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,7 +173,7 @@ def test_another_process_polls_a_build(tmp_path: Path) -> None:
     build_id = trigger(FakeBuildRunner(), "c1-fail")
     script = textwrap.dedent(f"""
         import asyncio
-        from streams.buildrunner.fake import FakeBuildRunner
+        from streams.extensions.buildrunner.fake import FakeBuildRunner
         print(asyncio.run(FakeBuildRunner().status({build_id!r})).status.value)
     """)
     done = subprocess.run([sys.executable, "-c", script], check=True, timeout=60, cwd=ROOT,
@@ -251,7 +256,7 @@ def test_a_cancel_from_another_process(tmp_path: Path) -> None:
     build_id = trigger(runner, "c1-hang")
     script = textwrap.dedent(f"""
         import asyncio
-        from streams.buildrunner.fake import FakeBuildRunner
+        from streams.extensions.buildrunner.fake import FakeBuildRunner
         asyncio.run(FakeBuildRunner({str(tmp_path)!r}).cancel({build_id!r}))
     """)
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60, cwd=ROOT)

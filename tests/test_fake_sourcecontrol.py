@@ -12,8 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from streams.sourcecontrol import CommitNotFound, SourceControl, SourceControlError, UnknownRef
-from streams.sourcecontrol.fake import FakeRepo, FakeSourceControl, fake_uri
+from streams.extensions.sourcecontrol import (
+    CommitNotFound,
+    SourceControl,
+    SourceControlError,
+    UnknownRef,
+)
+from streams.extensions.sourcecontrol.fake import FakeRepo, FakeSourceControl, fake_uri
 
 REPO = "demo"
 
@@ -249,7 +254,7 @@ def test_another_process_pushes_and_this_one_sees_it(repo: FakeRepo, path: Path)
     sc = source(path)
     assert asyncio.run(sc.head()) == uri("a1")
     script = textwrap.dedent(f"""
-        from streams.sourcecontrol.fake import FakeRepo
+        from streams.extensions.sourcecontrol.fake import FakeRepo
         repo = FakeRepo({str(path)!r})
         repo.push("main", "a2", "a3")
         repo.force_push("main", "b1", parents=["a2"])
@@ -269,7 +274,7 @@ def test_concurrent_writers_from_many_processes_lose_nothing(repo: FakeRepo,
     repo.push("main", "root")
     script = textwrap.dedent(f"""
         import sys
-        from streams.sourcecontrol.fake import FakeRepo
+        from streams.extensions.sourcecontrol.fake import FakeRepo
         repo = FakeRepo({str(path)!r})
         for i in range(10):
             repo.push("main", f"p{{sys.argv[1]}}-{{i}}")

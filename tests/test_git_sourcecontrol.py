@@ -14,10 +14,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-from streams.sourcecontrol import CommitNotFound, SourceControl, SourceControlError, UnknownRef
-from streams.sourcecontrol.git import (
+from streams.extensions.sourcecontrol import (
+    CommitNotFound,
+    SourceControl,
+    SourceControlError,
+    UnknownRef,
+)
+from streams.extensions.sourcecontrol.git import GitSourceControl
+from streams.extensions.sourcecontrol.gitrepo import (
     GIT_LOCATION_VARIABLES,
-    GitSourceControl,
     cache_name,
     check_branch_name,
     git_uri,

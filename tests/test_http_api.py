@@ -19,7 +19,7 @@ from urllib.parse import quote, urlencode
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from streams.settings import REPO_ROOT
+from streams.config.settings import REPO_ROOT
 from tests.pipeline_support import STOVEPIPE, Pipeline
 from tests.waiting import wait_until
 
@@ -361,7 +361,7 @@ def test_dead_letter_depth_counts_what_the_group_has_not_committed(
 
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    from streams.queries import DeadLetterDepths
+    from streams.web.queries import DeadLetterDepths
     from tests.runtime_support import create_topics, write_test_topics
 
     topics = create_topics(kafka_bootstrap, write_test_topics(tmp_path / "topics.yaml"),

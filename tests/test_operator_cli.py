@@ -25,13 +25,13 @@ from confluent_kafka.admin import AdminClient
 from contract import ProcessRequest, marshal
 from store import Database
 from streams.cli import main
-from streams.kafka_clients import producer_conf
+from streams.config.topics import TopicsConfig
 from streams.runtime import headers as h
-from streams.topics import TopicsConfig
+from streams.runtime.kafka import producer_conf
 from tests.runtime_support import create_topics, read_all, write_test_topics
 from tests.waiting import wait_until
 
-BOOM = "streams.process.Boom"
+BOOM = "streams.stages.process.Boom"
 
 
 @dataclass

@@ -211,10 +211,10 @@ def test_the_same_head_ingested_100_times_concurrently_is_one_request(
     from aiokafka import AIOKafkaProducer
 
     from store import Database
-    from streams.deps import Deps
-    from streams.ingest import ingest_queue
-    from streams.queueconfig import Extensions, load_queues
+    from streams.config.queues import Extensions, load_queues
     from streams.runtime.stage import publish_payload
+    from streams.stages.deps import Deps
+    from streams.stages.ingest import ingest_queue
 
     ref = pipeline.add_queue("q")
     pipeline.repo.push(ref, "same")

@@ -30,23 +30,23 @@ from hypothesis import strategies as st
 
 from contract import BuildSignal, payload_type, unmarshal
 from store import BuildStatus, Database, NotFound, RequestState, request_seq
-from streams.build import handle_build
-from streams.buildsignal import handle_buildsignal
-from streams.deps import Deps, PollLoops
-from streams.ingest import ingest_queue
-from streams.process import handle_process
-from streams.reconcile import (
-    handle_build_dlq,
-    handle_buildsignal_dlq,
-    handle_process_dlq,
-    handle_record_dlq,
-)
-from streams.record import handle_record
 from streams.runtime import Hold, NonRetryable, Retryable
 from streams.runtime import headers as h
 from streams.runtime.classify import outcome_of_exception
 from streams.runtime.policy import Commit, DeadLetter, Redeliver, Retry, decide
 from streams.runtime.stage import Context, Incoming
+from streams.stages.build import handle_build
+from streams.stages.buildsignal import handle_buildsignal
+from streams.stages.deps import Deps, PollLoops
+from streams.stages.ingest import ingest_queue
+from streams.stages.process import handle_process
+from streams.stages.reconcile import (
+    handle_build_dlq,
+    handle_buildsignal_dlq,
+    handle_process_dlq,
+    handle_record_dlq,
+)
+from streams.stages.record import handle_record
 from tests.model_support import (
     Bus,
     CrashWindows,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streams import deps as deps_mod
-from streams.deps import PollLoops
+from streams.stages import deps as deps_mod
+from streams.stages.deps import PollLoops
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from typing import IO
 
 import pytest
 
-from streams.settings import REPO_ROOT
+from streams.config.settings import REPO_ROOT
 from tests.pipeline_support import STOVEPIPE, Pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]

@@ -14,17 +14,11 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams import settings as settings_mod
-from streams.buildrunner.command import CommandBuildRunner
-from streams.buildrunner.fake import FakeBuildRunner
-from streams.queueconfig import (
+from streams.config import settings as settings_mod
+from streams.config.queues import (
     DEFAULT_QUEUES_FILE,
     ENV_QUEUES_FILE,
-    CommandBuildRunnerSpec,
     Extensions,
-    FakeBuildRunnerSpec,
-    FakeSourceControlSpec,
-    GitSourceControlSpec,
     InvalidQueueName,
     QueueConfig,
     QueueConfigError,
@@ -36,8 +30,10 @@ from streams.queueconfig import (
     queues_file,
     validate_queue_name,
 )
-from streams.sourcecontrol.fake import FakeRepo, FakeSourceControl
-from streams.sourcecontrol.git import GitSourceControl
+from streams.extensions.buildrunner.command import CommandBuildRunner, CommandBuildRunnerSpec
+from streams.extensions.buildrunner.fake import FakeBuildRunner, FakeBuildRunnerSpec
+from streams.extensions.sourcecontrol.fake import FakeRepo, FakeSourceControl, FakeSourceControlSpec
+from streams.extensions.sourcecontrol.git import GitSourceControl, GitSourceControlSpec
 
 SHIPPED = settings_mod.REPO_ROOT / "queues.yaml"
 FAKE_SC = {"kind": "fake", "path": "repo.json", "repo": "demo", "ref": "main"}

@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from streams.config.topics import TopicsConfig
 from streams.runtime import headers as h
-from streams.topics import TopicsConfig
 from tests.runtime_support import (
     RuntimeWorker,
     create_topics,

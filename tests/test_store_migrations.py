@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from psycopg.conninfo import make_conninfo
 
 from store import MigrationError
-from store.cli import db_group
 from store.migrations import available, migrate, status
+from streams.cli.db import db_group
 
 pytestmark = pytest.mark.postgres
 

@@ -17,19 +17,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contract import BuildSignal, ProcessRequest, TopicKey, payload_type
-from streams import settings as settings_mod
-from streams.topics import (
-    DelayTier,
-    RetryPolicy,
-    TopicsConfigError,
-    TopicState,
-    admin_conf_for,
-    ensure_topics,
-    format_duration,
-    load_topics,
-    parse_duration,
-)
-from streams.topics_cli import topics_group
+from streams.cli.topics import topics_group
+from streams.config import settings as settings_mod
+from streams.config.topics import DelayTier, RetryPolicy, TopicsConfigError, load_topics
+from streams.runtime.topic_admin import TopicState, admin_conf_for, ensure_topics
+from streams.schema.durations import format_duration, parse_duration
 
 TOPICS_YAML = settings_mod.REPO_ROOT / "topics.yaml"
 

@@ -1,4 +1,4 @@
-"""Environment knobs of the local stack (beyond those in `streams.settings`).
+"""Environment knobs of the local stack (beyond those in `streams.config.settings`).
 
 They exist mainly so a test can run a second, throwaway stack next to the default one:
 other ports plus another `STOVEPIPE_HOME`.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from streams import settings as settings_mod
+from streams.config import settings as settings_mod
 
 from .common import DevStackError
 

@@ -25,7 +25,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from streams.settings import ENV_KAFKA_BOOTSTRAP, Settings
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from streams.config.settings import ENV_KAFKA_BOOTSTRAP, Settings
 
 from . import env
 from .common import (
@@ -358,8 +361,6 @@ def _some_server_accepts(bootstrap: str, timeout: float) -> bool:
 
 def probe(bootstrap: str, timeout: float = 5.0) -> tuple[bool, str]:
     """Ask the broker for its metadata: (answers, detail)."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
 
     if not _some_server_accepts(bootstrap, min(timeout, 2.0)):
         return False, "does not answer (no bootstrap server accepts connections)"

@@ -23,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streams.settings import ENV_POSTGRES_DSN, Settings
+import psycopg
+from psycopg import sql
+
+from streams.config.settings import ENV_POSTGRES_DSN, Settings
 
 from . import env
 from .common import (
@@ -266,13 +269,11 @@ def _write_settings(paths: PgPaths, port: int, user: RunAs | None) -> None:
 
 
 def _connect(conninfo: str, timeout: float = 3.0) -> Any:
-    import psycopg
 
     return psycopg.connect(conninfo, connect_timeout=max(1, int(timeout)), autocommit=True)
 
 
 def _ensure_role_and_db(port: int) -> None:
-    from psycopg import sql
 
     with _connect(f"host=127.0.0.1 port={port} user={SUPERUSER} dbname=postgres") as conn:
         if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (DB_USER,)).fetchone():
@@ -286,7 +287,6 @@ def _ensure_role_and_db(port: int) -> None:
 
 def probe(dsn: str, timeout: float = 5.0) -> tuple[bool, str]:
     """Connect and run a query: (answers, detail)."""
-    import psycopg
 
     try:
         with _connect(dsn, timeout) as conn:
@@ -299,7 +299,6 @@ def probe(dsn: str, timeout: float = 5.0) -> tuple[bool, str]:
 
 def _wait_ready(dsn: str, port: int, pid: int, paths: PgPaths) -> None:
     """Wait until the server accepts connections, with the role and database in place."""
-    import psycopg
 
     deadline = time.monotonic() + START_TIMEOUT
     while True:

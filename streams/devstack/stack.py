@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from streams.settings import Settings, load_settings
+from streams.config.settings import Settings, load_settings
 
 from .common import DevStackError, Echo, ServiceStatus, ServiceUp, file_lock, quiet_echo
 from .kafka import ensure_kafka, kafka_status, stop_kafka

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+from store.errors import is_retryable as store_is_retryable
 from streams.runtime.outcome import NonRetryable, Outcome, Retryable
 
 
@@ -23,10 +24,6 @@ def is_retryable(exc: BaseException) -> bool:
         return flag
     if isinstance(exc, TimeoutError | asyncio.TimeoutError | ConnectionError):
         return True
-    try:
-        from store.errors import is_retryable as store_is_retryable
-    except ImportError:  # pragma: no cover - store is part of this package
-        return False
     return bool(store_is_retryable(exc))
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from streams.config.topics import RetryPolicy, TopicsConfig, TopicSpec
+from streams.runtime.kafka import TopicRoute
 from streams.runtime.policy import Retry
 from streams.runtime.stage import Route
-from streams.runtime.worker import TopicRoute, WorkerConfig
-from streams.topics import RetryPolicy, TopicsConfig, TopicSpec
+from streams.runtime.worker import WorkerConfig
 
 
 def retry_of(policy: RetryPolicy) -> Retry:
@@ -36,3 +37,9 @@ def worker_config(topics: TopicsConfig, *, app_id: str, bootstrap: str,
         delay_tiers={t.full_name: t.delay.total_seconds() for t in topics.delay_tiers},
         web_port=web_port,
     )
+
+
+def topic_routes(topics: TopicsConfig) -> dict[str, TopicRoute]:
+    """Every stage topic by its key, as a publisher needs it."""
+    return {s.entry: TopicRoute(s.full_name, s.partitions, s.key_field)
+            for s in topics.stages.values()}

@@ -31,6 +31,7 @@ from streams.runtime.policy import Commit, DeadLetter, Redeliver, Retry, decide
 log = logging.getLogger("stovepipe.runtime")
 
 P = TypeVar("P", bound=Message)
+D = TypeVar("D")  # what a worker's handlers share (the pipeline's: streams.stages.deps.Deps)
 ERROR_MESSAGE_LIMIT = 2000
 
 
@@ -65,13 +66,13 @@ class Publisher(Protocol):
 
 
 @dataclass
-class Context:
+class Context(Generic[D]):
     """What a handler may use besides its payload."""
 
     stage: str
     message: Incoming
     publish: Publisher
-    deps: Any
+    deps: D
     log: logging.LoggerAdapter[logging.Logger] = field(repr=False)
 
     @property
@@ -79,7 +80,7 @@ class Context:
         return self.message.attempt
 
 
-Handler = Callable[[P, Context], Awaitable[Outcome]]
+Handler = Callable[[P, Context[Any]], Awaitable[Outcome]]
 Park = Callable[[str, Incoming, str], Awaitable[None]]
 
 
@@ -97,11 +98,11 @@ class Stage(Generic[P]):
         return self.key.endswith("_dlq")
 
 
-class Delivery:
+class Delivery(Generic[D]):
     """Runs messages through stages; shared by every stage of a worker."""
 
     def __init__(self, *, producer: AIOKafkaProducer, tiers: DelayTiers,
-                 routes: dict[str, Route], publish: Publisher, park: Park, deps: Any) -> None:
+                 routes: dict[str, Route], publish: Publisher, park: Park, deps: D) -> None:
         self.producer = producer
         self.tiers = tiers
         self.routes = routes
@@ -120,8 +121,8 @@ class Delivery:
             await self._undecodable(stage, route, msg, exc, fields)
             return
         fields["id"] = getattr(payload, "id", "") or getattr(payload, "queue", "")
-        ctx = Context(stage=stage.key, message=msg, publish=self.publish, deps=self.deps,
-                      log=_Adapter(log, fields))
+        ctx: Context[D] = Context(stage=stage.key, message=msg, publish=self.publish,
+                                  deps=self.deps, log=_Adapter(log, fields))
         try:
             outcome = await stage.handle(payload, ctx)
         except asyncio.CancelledError:
@@ -135,7 +136,7 @@ class Delivery:
         metrics.DELIVERY_SECONDS.labels(stage=stage.key).observe(time.perf_counter() - started)
 
     async def _perform(self, stage: Stage[Any], route: Route, msg: Incoming, outcome: Outcome,
-                       action: Commit | Redeliver | DeadLetter, ctx: Context) -> None:
+                       action: Commit | Redeliver | DeadLetter, ctx: Context[D]) -> None:
         match action:
             case Commit():
                 metrics.count(stage.key, "ack")
@@ -187,6 +188,26 @@ class Delivery:
         out = h.replace(h.without_runtime(msg.headers), {**failure, h.ATTEMPT: 0})
         await produce_until_acked(self.producer, dlq_topic, key=msg.key, value=msg.value,
                                   headers=out, what="dead-letter")
+
+
+class ParkingStore(Protocol):
+    async def park(self, *, topic: str, partition: int, offset: int, key: bytes | None,
+                   value: bytes | None, headers: Any, error: str) -> Any: ...
+
+
+class ParkingDatabase(Protocol):
+    @property
+    def parked(self) -> ParkingStore: ...
+
+
+def park_into(db: ParkingDatabase) -> Park:
+    """Park undecodable reconciler messages in the store's ``parked_message`` table."""
+
+    async def park(stage: str, msg: Incoming, error: str) -> None:
+        await db.parked.park(topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                             key=msg.key, value=msg.value, headers=msg.headers, error=error)
+
+    return park
 
 
 def message_key(payload: Message, key_field: str) -> bytes:

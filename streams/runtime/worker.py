@@ -12,31 +12,29 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import faust
-from aiokafka import AIOKafkaProducer
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from google.protobuf.message import Message
 from mode import Service
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from store import Database
+from streams.config.settings import load_settings
 from streams.runtime.delay import DelayScheduler, DelayTiers
-from streams.runtime.stage import Delivery, Incoming, Park, Route, Stage, publish_payload
-from streams.settings import load_settings
+from streams.runtime.kafka import KafkaPublisher, TopicRoute
+from streams.runtime.stage import (
+    Delivery,
+    Incoming,
+    Park,
+    Route,
+    Stage,
+    park_into,
+)
 
 log = logging.getLogger("stovepipe.worker")
 
 FETCH_MAX_WAIT_MS = 100
-
-
-@dataclass(frozen=True)
-class TopicRoute:
-    """A topic as the worker sees it: its Kafka name, partitions, and which payload field
-    is the Kafka key."""
-
-    topic: str
-    partitions: int
-    key_field: str
 
 
 @dataclass(frozen=True)
@@ -50,8 +48,9 @@ class WorkerConfig:
     commit_interval: float = 0.5
 
 
-Deps = Any
-OpenDeps = Callable[[], Awaitable[tuple[Deps, Park, Callable[[], Awaitable[None]]]]]
+D = TypeVar("D")  # what the worker's handlers share, e.g. streams.stages.deps.Deps
+Close = Callable[[], Awaitable[None]]
+OpenDeps = Callable[[], Awaitable[tuple[D, Park, Close]]]
 
 
 class _Consumer(faust_aiokafka.AIOKafkaConsumerThread):
@@ -74,15 +73,15 @@ class _Transport(faust_aiokafka.Transport):
     Consumer = _ConsumerDelegate
 
 
-class RuntimeService:
+class RuntimeService(Generic[D]):
     """Owns what the agents share: the producer, the delay scheduler and the deps."""
 
-    def __init__(self, config: WorkerConfig, open_deps: OpenDeps) -> None:
+    def __init__(self, config: WorkerConfig, open_deps: OpenDeps[D]) -> None:
         self.config = config
         self.open_deps = open_deps
         self.ready = asyncio.Event()
-        self.delivery: Delivery | None = None
-        self._producer: AIOKafkaProducer | None = None
+        self.delivery: Delivery[D] | None = None
+        self._publisher: KafkaPublisher | None = None
         self._scheduler: DelayScheduler | None = None
         self._close_deps: Callable[[], Awaitable[None]] | None = None
 
@@ -90,20 +89,12 @@ class RuntimeService:
         cfg = self.config
         deps, park, close = await self.open_deps()
         self._close_deps = close
-        # acks=all and idempotence: an acknowledged produce survives a broker restart
-        # and a retried produce is not duplicated by the producer itself
-        self._producer = AIOKafkaProducer(bootstrap_servers=cfg.bootstrap, acks="all",
-                                          enable_idempotence=True, linger_ms=0)
-        await self._producer.start()
+        self._publisher = KafkaPublisher(cfg.bootstrap, cfg.topics)
+        await self._publisher.start()
         tiers = DelayTiers(cfg.delay_tiers)
-        producer = self._producer
-
-        async def publish(key: str, payload: Message) -> None:
-            route = cfg.topics[key]
-            await publish_payload(producer, route.topic, payload, route.key_field)
-
+        producer = self._publisher.producer
         self.delivery = Delivery(producer=producer, tiers=tiers, routes=cfg.routes,
-                                 publish=publish, park=park, deps=deps)
+                                 publish=self._publisher, park=park, deps=deps)
         self._scheduler = DelayScheduler(bootstrap=cfg.bootstrap, group_id=f"{cfg.app_id}-delay",
                                          tiers=tiers, producer=producer)
         await self._scheduler.start()
@@ -113,13 +104,13 @@ class RuntimeService:
         self.ready.clear()
         if self._scheduler is not None:
             await self._scheduler.stop()
-        if self._producer is not None:
-            await self._producer.stop()
+        if self._publisher is not None:
+            await self._publisher.stop()
         if self._close_deps is not None:
             await self._close_deps()
 
 
-def build_app(config: WorkerConfig, stages: Sequence[Stage[Any]], open_deps: OpenDeps,
+def build_app(config: WorkerConfig, stages: Sequence[Stage[Any]], open_deps: OpenDeps[D],
               **faust_settings: Any) -> faust.App:
     """The Faust application for ``stages``. It declares and creates no topic: they come
     from ``stovepipe topics create``."""
@@ -158,14 +149,13 @@ def build_app(config: WorkerConfig, stages: Sequence[Stage[Any]], open_deps: Ope
 
 
 def _add_metrics_page(app: faust.App) -> None:
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:
         return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
 
-def _bind(runtime: RuntimeService) -> Any:
+def _bind(runtime: RuntimeService[Any]) -> Any:
     class _Bound(Service):
         async def on_start(self) -> None:
             await runtime.start()
@@ -176,7 +166,8 @@ def _bind(runtime: RuntimeService) -> Any:
     return _Bound
 
 
-def _agent_for(stage: Stage[Any], runtime: RuntimeService) -> Callable[[Any], Awaitable[None]]:
+def _agent_for(stage: Stage[Any],
+               runtime: RuntimeService[Any]) -> Callable[[Any], Awaitable[None]]:
     async def run_stage(stream: Any) -> None:
         await runtime.ready.wait()
         delivery = runtime.delivery
@@ -195,21 +186,9 @@ def _agent_for(stage: Stage[Any], runtime: RuntimeService) -> Callable[[Any], Aw
     return run_stage
 
 
-def park_into(db: Any) -> Park:
-    """Park undecodable reconciler messages in the store's ``parked_message`` table."""
-
-    async def park(stage: str, msg: Incoming, error: str) -> None:
-        await db.parked.park(topic=msg.topic, partition=msg.partition, offset=msg.offset,
-                             key=msg.key, value=msg.value, headers=msg.headers, error=error)
-
-    return park
-
-
-def database_deps(dsn: str, *, max_size: int = 10) -> OpenDeps:
+def database_deps(dsn: str, *, max_size: int = 10) -> OpenDeps[Database]:
     """Deps for a worker whose stages use only the store: the Database is the deps."""
-    from store import Database
-
-    async def open_deps() -> tuple[Deps, Park, Callable[[], Awaitable[None]]]:
+    async def open_deps() -> tuple[Database, Park, Close]:
         db = await Database.open(dsn, max_size=max_size, name="stovepipe-worker")
         return db, park_into(db), db.close
 

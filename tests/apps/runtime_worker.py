@@ -24,11 +24,11 @@ import sys
 from typing import Any
 
 from contract import BuildRequest, ProcessRequest
+from streams.config.topics import load_topics
 from streams.runtime import ACK, Hold, Outcome, RetryableError
 from streams.runtime.config import worker_config
 from streams.runtime.stage import Context, Stage
 from streams.runtime.worker import build_app, database_deps, run_worker
-from streams.topics import load_topics
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS runtime_sink (

@@ -1,0 +1,317 @@
+"""`stovepipe demo`: the whole pipeline on a real git repository, in one command.
+
+It brings up the local stack, migrates a schema of its own, creates a fresh set of topics,
+builds a demo repository whose history has a broken commit and a force-push, points a
+queue with the `command` build runner at it, starts a worker, lands the commits one by
+one (ingesting each), shows progress until every Request is terminal, and prints the
+greenness table, the promotion ref and the dashboard URL. Every run starts afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import psycopg
+import yaml
+from confluent_kafka.admin import AdminClient
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from store.migrations import migrate
+from streams.cli.ingest import IngestClient
+from streams.config import settings as settings_mod
+from streams.config.queues import load_queues
+from streams.config.topics import load_topics
+from streams.devstack import ensure_up
+from streams.runtime.topic_admin import admin_conf_for, ensure_topics
+
+QUEUE = "demo/main"
+SCHEMA = "stovepipe_demo"
+TERMINAL = {"superseded", "succeeded", "failed", "cancelled"}
+
+BUILD_SH = """#!/bin/sh
+# The demo's build: "compile", then run the tests. Stovepipe passes the commits in the
+# environment; an incremental build could test only what changed since the base.
+set -e
+echo "building ${STOVEPIPE_HEAD_SHA} (base: ${STOVEPIPE_BASE_SHA:-none, a full build})"
+sleep 1
+sh ./test.sh
+"""
+
+TEST_SH = """#!/bin/sh
+# The demo's test suite: the answer must be 42.
+grep -q '^answer = 42$' app.txt || { echo "test failed: the answer is not 42"; exit 1; }
+echo "tests passed"
+"""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing that happens to the demo repository."""
+
+    subject: str
+    answer: int | None = None  # a commit setting app.txt's answer
+    rewrite_to: int | None = None  # force-push: reset main to the n-th commit first
+
+
+STEPS = (
+    Step("initial import: app and tests", answer=42),
+    Step("add a feature", answer=42),
+    Step("refactor, and break the build", answer=41),
+    Step("fix the build", answer=42),
+    Step("rewrite history: squash the fix (force-push)", answer=42, rewrite_to=2),
+    Step("add another feature", answer=42),
+)
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = dict(os.environ, GIT_AUTHOR_NAME="Demo", GIT_AUTHOR_EMAIL="demo@stovepipe.invalid",
+               GIT_COMMITTER_NAME="Demo", GIT_COMMITTER_EMAIL="demo@stovepipe.invalid")
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, text=True,
+                          capture_output=True).stdout.strip()
+
+
+class DemoRepository:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.commits: list[tuple[str, str]] = []  # (sha, subject) in the order they landed
+
+    def create(self) -> None:
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        self.path.mkdir(parents=True)
+        _git(self.path, "init", "-q", "-b", "main")
+        (self.path / "build.sh").write_text(BUILD_SH)
+        (self.path / "test.sh").write_text(TEST_SH)
+
+    def land(self, step: Step) -> str:
+        if step.rewrite_to is not None:
+            _git(self.path, "reset", "-q", "--hard", self.commits[step.rewrite_to - 1][0])
+        (self.path / "app.txt").write_text(f"answer = {step.answer}\n")
+        with open(self.path / "CHANGES", "a") as changes:
+            changes.write(f"- {step.subject}\n")
+        _git(self.path, "add", "-A")
+        _git(self.path, "commit", "-q", "-m", step.subject)
+        sha = _git(self.path, "rev-parse", "HEAD")
+        self.commits.append((sha, step.subject))
+        return sha
+
+    def rev(self, ref: str) -> str | None:
+        try:
+            return _git(self.path, "rev-parse", "--verify", "-q", ref)
+        except subprocess.CalledProcessError:
+            return None
+
+
+def _demo_queues_file(home: Path, repo: Path) -> Path:
+    path = home / "queues.yaml"
+    path.write_text(yaml.safe_dump({
+        "queues": {QUEUE: {
+            "source_control": {"kind": "git", "repository": str(repo), "ref": "main",
+                               "promotion_ref": "verified-main"},
+            "build_runner": {"kind": "command", "command": "sh ./build.sh",
+                             "work_dir": str(home / "builds")},
+            "max_concurrent": 1,
+            "gate_delay": "300ms",
+            "poll_delay_queued": "300ms",
+            "poll_delay_running": "300ms",
+            "poll_deadline": "2m",
+        }},
+    }, sort_keys=False))
+    return path
+
+
+def _fresh_schema(dsn: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
+    schema_dsn = make_conninfo(dsn, options=f"-c search_path={SCHEMA}")
+
+    migrate(schema_dsn)
+    return schema_dsn
+
+
+def _fresh_topics(bootstrap: str, topics_file: Path) -> Any:
+    """A topic prefix of this run's own; older demo runs' topics are deleted."""
+
+
+    admin = AdminClient(admin_conf_for(bootstrap))
+    stale = [t for t in admin.list_topics(timeout=10).topics if t.startswith("demo-")]
+    if stale:
+        for fut in admin.delete_topics(stale, operation_timeout=30).values():
+            # best effort: a leftover topic of an older run harms nothing
+            with contextlib.suppress(Exception):
+                fut.result(timeout=30)
+    prefix = f"demo-{time.strftime('%Y%m%d%H%M%S')}."
+    config = load_topics(topics_file, prefix=prefix)
+    report = ensure_topics(admin_conf_for(bootstrap), config)
+    if not report.ok:
+        raise click.ClickException("could not create the demo topics: " + "; ".join(
+            f"{s.name}: {s.detail}" for s in report if not s.ok))
+    return config
+
+
+def _rows(dsn: str) -> dict[str, tuple[str, str]]:
+    with psycopg.connect(dsn) as conn:
+        return {rid: (uri, state) for rid, uri, state in
+                conn.execute("SELECT id, uri, state FROM request").fetchall()}
+
+
+def _ingest(settings: settings_mod.Settings, topics: Any, queues_file: Path) -> str:
+    """What `stovepipe ingest demo/main` does, against the demo's schema and topics."""
+
+    async def run() -> str:
+        async with IngestClient(settings, load_queues(queues_file), topics) as client:
+            return (await client.ingest(QUEUE)).request_id
+
+    return asyncio.run(run())
+
+
+class Progress:
+    """Prints a line whenever a Request changes state."""
+
+    def __init__(self, dsn: str, commits: dict[str, tuple[str, str]]) -> None:
+        self.dsn = dsn
+        self.commits = commits  # uri -> (sha, subject); URIs stay opaque here
+        self.seen: dict[str, str] = {}
+
+    def poll(self) -> dict[str, tuple[str, str]]:
+        rows = _rows(self.dsn)
+        for rid in sorted(rows, key=lambda r: int(r.rsplit("/", 1)[1])):
+            uri, state = rows[rid]
+            if self.seen.get(rid) != state:
+                self.seen[rid] = state
+                sha, subject = self.commits.get(uri, ("?", ""))
+                colour = {"succeeded": "green", "failed": "red",
+                          "superseded": "yellow"}.get(state)
+                click.echo(f"  {rid:<22} {sha[:8]}  {subject:<46} "
+                           + click.style(state, fg=colour))
+        return rows
+
+    def wait_terminal(self, request_id: str, worker: subprocess.Popen[bytes], log: Path,
+                      timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if worker.poll() is not None:
+                raise click.ClickException(f"the worker exited; see {log}")
+            rows = self.poll()
+            if rows.get(request_id, ("", ""))[1] in TERMINAL:
+                return
+            time.sleep(0.3)
+        raise click.ClickException(f"{request_id} did not finish in {timeout:.0f}s; "
+                                   f"see {log}")
+
+
+@click.command("demo")
+@click.option("--web-port", type=click.IntRange(1, 65535), default=6066, show_default=True,
+              help="Port of the worker's dashboard and HTTP API.")
+@click.option("--keep-running/--exit", default=None,
+              help="Keep the worker (and its dashboard) running after the demo until "
+                   "Ctrl-C. Default: keep running when attached to a terminal.")
+def demo_command(web_port: int, keep_running: bool | None) -> None:
+    """Run Stovepipe end to end on a demo git repository."""
+    started = time.monotonic()
+    # brand-new topics answer "not leader" for a moment; the client retries, quietly
+    logging.getLogger("aiokafka").setLevel(logging.ERROR)
+    settings = settings_mod.load_settings()
+    home = settings.home / "demo"
+    home.mkdir(parents=True, exist_ok=True)
+
+    click.secho("1. The local stack", bold=True)
+
+    stack = ensure_up(settings, quiet=True)
+    click.echo(f"   Kafka {stack.kafka_bootstrap}, PostgreSQL {stack.postgres_dsn}")
+    dsn = _fresh_schema(stack.postgres_dsn)
+    topics = _fresh_topics(stack.kafka_bootstrap, settings.topics_file)
+    click.echo(f"   schema {SCHEMA} migrated; topics {topics.prefix}* created")
+
+    click.secho("2. A demo repository with the command build runner", bold=True)
+    repo = DemoRepository(home / "repo")
+    repo.create()
+    queues_file = _demo_queues_file(home, repo.path)
+    click.echo(f"   {repo.path} (branch main, promotion ref verified-main)")
+    click.echo(f"   queue {QUEUE}: build = `sh ./build.sh` in a clean checkout; "
+               f"config {queues_file}")
+
+    click.secho("3. A worker", bold=True)
+    log = home / "worker.log"
+    env = dict(os.environ, STOVEPIPE_KAFKA_BOOTSTRAP=stack.kafka_bootstrap,
+               STOVEPIPE_POSTGRES_DSN=dsn, STOVEPIPE_TOPIC_PREFIX=topics.prefix,
+               STOVEPIPE_QUEUES_FILE=str(queues_file),
+               STOVEPIPE_APP_ID=f"{topics.prefix}stovepipe")
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "streams.cli", "worker", "--web-port", str(web_port)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    dashboard = f"http://127.0.0.1:{web_port}/"
+    click.echo(f"   pid {worker.pid}, log {log}, dashboard {dashboard}")
+    try:
+        click.secho("4. Commits land; each is ingested and validated", bold=True)
+        demo_settings = dataclasses.replace(settings, postgres_dsn=dsn,
+                                            kafka_bootstrap=stack.kafka_bootstrap)
+        commits: dict[str, tuple[str, str]] = {}
+        progress = Progress(dsn, commits)
+        for step in STEPS:
+            sha = repo.land(step)
+            request_id = _ingest(demo_settings, topics, queues_file)
+            commits[_rows(dsn)[request_id][0]] = (sha, step.subject)
+            progress.wait_terminal(request_id, worker, log)
+        _print_summary(dsn, repo, commits, dashboard)
+        click.echo(f"Demo finished in {time.monotonic() - started:.0f} s.")
+        if keep_running is None:
+            keep_running = sys.stdin.isatty()
+        if keep_running:
+            click.echo(f"The worker keeps serving {dashboard} — press Ctrl-C to stop it.")
+            with contextlib.suppress(KeyboardInterrupt):
+                worker.wait()
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)
+
+
+def _print_summary(dsn: str, repo: DemoRepository, commits: dict[str, tuple[str, str]],
+                   dashboard: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        facts: dict[str, float] = dict(conn.execute(
+            "SELECT uri, degree FROM validation_fact WHERE queue = %s", (QUEUE,)).fetchall())
+        requests = {uri: (rid, state, strategy or "-") for rid, uri, state, strategy in
+                    conn.execute("SELECT id, uri, state, build_strategy FROM request "
+                                 "WHERE queue = %s", (QUEUE,)).fetchall()}
+        bookmark = conn.execute("SELECT last_green_uri, last_green_request_id FROM queue "
+                                "WHERE name = %s", (QUEUE,)).fetchone()
+    on_main = set(_git(repo.path, "rev-list", "main").split())
+    click.secho("\nGreenness of demo/main", bold=True)
+    click.echo(f"  {'commit':<9} {'subject':<46} {'request':<22} {'build':<12} "
+               f"{'state':<10} fact")
+    for uri, (sha, subject) in commits.items():
+        rid, state, strategy = requests.get(uri, ("-", "-", "-"))
+        degree = facts.get(uri)
+        fact = ("green" if degree == 0 else "red") if degree is not None else "none"
+        note = "" if sha in on_main else "  (rewritten away)"
+        click.echo(f"  {sha[:8]:<9} {subject:<46} {rid:<22} {strategy:<12} {state:<10} "
+                   + click.style(fact, fg={"green": "green", "red": "red"}.get(fact))
+                   + note)
+    promoted = repo.rev("verified-main")
+    last_green = commits.get(bookmark[0], ("-", ""))[0] if bookmark and bookmark[0] else None
+    click.echo(f"\n  last-green bookmark: {last_green or '-'} "
+               f"({bookmark[1] if bookmark else '-'})")
+    click.echo(f"  promotion ref verified-main: {promoted or '-'}  "
+               f"(git -C {repo.path} rev-parse verified-main)")
+    click.echo(f"  dashboard: {dashboard}")

@@ -1,0 +1,325 @@
+"""queues.yaml: each queue's SourceControl, BuildRunner and knobs (design §8).
+
+`load_queues()` reads the file (``STOVEPIPE_QUEUES_FILE``, else ``queues.yaml`` at the
+repository root) into frozen objects, reporting every problem at once in one
+`QueueConfigError` that names the file and the YAML path of each. `Extensions` builds a
+queue's SourceControl and BuildRunner from it, once per queue per worker.
+
+The file is validated by pydantic models: `QueueFields` for ``defaults`` and for each
+queue, whose ``source_control`` and ``build_runner`` are discriminated on ``kind`` over the
+kinds the extension registries declare (`streams.extensions.sourcecontrol.SourceControlSpec`,
+`streams.extensions.buildrunner.BuildRunnerSpec`). Then each queue is its entry over
+``defaults`` over the built-in defaults, field by field (an extension spec is replaced
+whole, never merged key by key).
+
+Durations are `timedelta`s. Relative paths are resolved against the directory of the YAML
+file, so a configuration means the same from any working directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from types import MappingProxyType
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
+
+from streams.config import settings as settings_mod
+from streams.extensions import ExtensionContext
+from streams.extensions.buildrunner import BuildRunner, BuildRunnerSpec
+from streams.extensions.sourcecontrol import SourceControl, SourceControlSpec
+from streams.schema.fields import Duration, KindInfo, PositiveInt, Problems, Section, read_yaml
+
+ENV_QUEUES_FILE = settings_mod.ENV_QUEUES_FILE
+DEFAULT_QUEUES_FILE = settings_mod.REPO_ROOT / "queues.yaml"
+
+MAX_QUEUE_NAME_LENGTH = 200
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+_QUEUE_NAME_RULE = (f"1-{MAX_QUEUE_NAME_LENGTH} characters: ASCII letters, digits, '.', "
+                    f"'_', '-' and '/', starting with a letter or digit, without '//' "
+                    f"and not ending in '/'")
+UNKNOWN_QUEUE_LISTS_AT_MOST = 10
+
+
+# --- errors -----------------------------------------------------------------------------
+
+
+class InvalidQueueName(ValueError):
+    """A queue name that breaks the naming rule: a user error."""
+
+
+class UnknownQueue(LookupError):
+    """No queue of that name in the queue configuration: a user error."""
+
+    retryable = False
+
+    def __init__(self, queue: str, path: Path, known: tuple[str, ...]) -> None:
+        self.queue = queue
+        self.path = path
+        self.known = known
+        if not known:
+            declared = "declares no queues"
+        elif len(known) <= UNKNOWN_QUEUE_LISTS_AT_MOST:
+            declared = f"declares {', '.join(known)}"
+        else:
+            declared = f"declares {len(known)} others"
+        super().__init__(f"unknown queue {_shown(queue)}: {path} {declared}. Add the queue "
+                         f"there, or set {ENV_QUEUES_FILE} to the file that has it.")
+
+
+class QueueConfigError(ValueError):
+    """queues.yaml is unreadable or invalid. `problems` lists each one, YAML path named."""
+
+    def __init__(self, path: Path, problems: list[str]) -> None:
+        self.path = path
+        self.problems = problems
+        lines = "\n".join(f"  {problem}" for problem in problems)
+        super().__init__(f"{path}: {len(problems)} problem(s):\n{lines}")
+
+
+def _shown(name: str) -> str:
+    return repr(name) if len(name) <= 80 else f"{name[:60]!r}... ({len(name)} chars)"
+
+
+def validate_queue_name(name: object) -> str:
+    """``name`` if it is a valid queue name, else InvalidQueueName saying why."""
+    if not isinstance(name, str):
+        raise InvalidQueueName(f"a queue name is a string, got {name!r}")
+    valid = _QUEUE_NAME.match(name)
+    reason = None
+    if not name:
+        reason = "it is empty"
+    elif len(name) > MAX_QUEUE_NAME_LENGTH:
+        reason = f"it is {len(name)} characters long"
+    elif valid is None:
+        reason = f"it starts with {name[0]!r}, not a letter or digit"
+    elif valid.end() < len(name):
+        reason = f"it contains {name[valid.end()]!r}"
+    elif "//" in name:
+        reason = "it contains '//'"
+    elif name.endswith("/"):
+        reason = "it ends in '/'"
+    if reason:
+        raise InvalidQueueName(f"invalid queue name {_shown(name)}: {reason}; a queue name is "
+                               f"{_QUEUE_NAME_RULE}")
+    return name
+
+
+# --- the model --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    name: str
+    source_control: SourceControlSpec
+    build_runner: BuildRunnerSpec
+    max_concurrent: int = 1  # builds in flight at once
+    gate_delay: timedelta = timedelta(seconds=1)  # hold while the queue is full
+    poll_delay_queued: timedelta = timedelta(seconds=5)  # between polls of a queued build
+    poll_delay_running: timedelta = timedelta(seconds=2)  # between polls of a running one
+    poll_deadline: timedelta = timedelta(hours=1)  # then cancelled and counted failed
+
+
+@dataclass(frozen=True)
+class QueuesConfig:
+    path: Path
+    queues: Mapping[str, QueueConfig]
+
+    def get(self, name: str) -> QueueConfig:
+        """Raises UnknownQueue naming the queue and the file."""
+        try:
+            return self.queues[name]
+        except KeyError:
+            raise UnknownQueue(name, self.path, self.names()) from None
+
+    def names(self) -> tuple[str, ...]:
+        """The queue names, in file order."""
+        return tuple(self.queues)
+
+
+_KNOBS = ("max_concurrent", "gate_delay", "poll_delay_queued", "poll_delay_running",
+          "poll_deadline")
+_EXTENSIONS = {
+    "source_control": "{kind: fake, path: repo.json, repo: demo, ref: main}",
+    "build_runner": "{kind: fake}",
+}
+
+
+_EXAMPLES = {
+    "source_control": "{kind: git, repository: /srv/git/monorepo, ref: main}",
+    "build_runner": "{kind: command, command: make test}",
+}
+
+
+class QueueFields(Section):
+    """One queue's entry in queues.yaml, or its ``defaults``: every field optional."""
+
+    max_concurrent: PositiveInt | None = None
+    gate_delay: Duration | None = None
+    poll_delay_queued: Duration | None = None
+    poll_delay_running: Duration | None = None
+    poll_deadline: Duration | None = None
+    source_control: Annotated[
+        SourceControlSpec,
+        Field(discriminator="kind"),
+        KindInfo("source_control", _EXAMPLES["source_control"]),
+    ] | None = None
+    build_runner: Annotated[
+        BuildRunnerSpec,
+        Field(discriminator="kind"),
+        KindInfo("build_runner", _EXAMPLES["build_runner"]),
+    ] | None = None
+
+
+    @field_validator("source_control", "build_runner", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:  # written but empty: say what belongs there
+            what = str(info.field_name)
+            example = _EXAMPLES[what]
+            raise ValueError(f"expected a {what} mapping such as {example}, got None")
+        return value
+
+
+class _TopLevel(Section):
+    defaults: Any = None
+    queues: Any = None
+
+
+# --- extensions -------------------------------------------------------------------------
+
+
+def _context(queue: QueueConfig) -> ExtensionContext:
+    home = settings_mod.load_settings().home
+    return ExtensionContext(queue=queue.name, home=home,
+                            git_cache=queue.source_control.shared_git_cache(home),
+                            repository=queue.source_control.shared_repository())
+
+
+def make_source_control(queue: QueueConfig) -> SourceControl:
+    return queue.source_control.build(_context(queue))
+
+
+def make_build_runner(queue: QueueConfig) -> BuildRunner:
+    return queue.build_runner.build(_context(queue))
+
+
+class Extensions:
+    """Each queue's SourceControl and BuildRunner, built on first use and then reused."""
+
+    def __init__(self, config: QueuesConfig) -> None:
+        self.config = config
+        self._source_controls: dict[str, SourceControl] = {}
+        self._build_runners: dict[str, BuildRunner] = {}
+
+    def source_control(self, queue: str) -> SourceControl:
+        """Raises UnknownQueue."""
+        if queue not in self._source_controls:
+            self._source_controls[queue] = make_source_control(self.config.get(queue))
+        return self._source_controls[queue]
+
+    def build_runner(self, queue: str) -> BuildRunner:
+        """Raises UnknownQueue."""
+        if queue not in self._build_runners:
+            self._build_runners[queue] = make_build_runner(self.config.get(queue))
+        return self._build_runners[queue]
+
+
+# --- loading ----------------------------------------------------------------------------
+
+
+def queues_file() -> Path:
+    """STOVEPIPE_QUEUES_FILE, else queues.yaml at the repository root."""
+    return settings_mod.load_settings().queues_file
+
+
+def load_queues(path: Path | str | None = None) -> QueuesConfig:
+    """Load and validate the queue configuration (default: `queues_file()`).
+
+    Raises QueueConfigError listing every problem found.
+    """
+    file = Path(path) if path is not None else queues_file()
+    raw = read_yaml(file, QueueConfigError)
+    if not isinstance(raw, dict):
+        raise QueueConfigError(file, ["expected a mapping with 'queues' (and optionally "
+                                      "'defaults')"])
+    problems = Problems()
+    context = {"base_dir": file.resolve().parent}
+    try:
+        _TopLevel.model_validate(raw)
+    except ValidationError as exc:
+        problems.add_validation_error(exc, _TopLevel)
+
+    defaults = _section(raw.get("defaults"), "defaults", problems, context)
+    queues_raw = raw.get("queues")
+    if queues_raw is not None and not isinstance(queues_raw, dict):
+        problems.add("queues", f"expected a mapping, got {type(queues_raw).__name__}")
+    elif not queues_raw:
+        problems.add("queues", "declare at least one queue, e.g. queues: {monorepo/main: "
+                               "{source_control: ..., build_runner: ...}}")
+
+    queues: dict[str, QueueConfig] = {}
+    for name, body in (queues_raw or {}).items() if isinstance(queues_raw, dict) else ():
+        where = f"queues.{name}"
+        try:
+            validate_queue_name(name)
+        except InvalidQueueName as exc:
+            problems.add(where, str(exc))
+            continue
+        entry = _section(body, where, problems, context)
+        if entry is not None and defaults is not None:
+            queue = _merge(name, where, entry, defaults, problems)
+            if queue is not None:
+                queues[name] = queue
+
+    if problems.items:
+        raise QueueConfigError(file, problems.items)
+    return QueuesConfig(path=file, queues=MappingProxyType(queues))
+
+
+def _section(raw: Any, where: str, problems: Problems,
+             context: dict[str, Any]) -> QueueFields | None:
+    """The validated section (an empty one for null); None after reporting its problems."""
+    try:
+        return QueueFields.model_validate({} if raw is None else raw, context=context)
+    except ValidationError as exc:
+        problems.add_validation_error(exc, QueueFields, where)
+        return None
+
+
+def _merge(name: str, where: str, entry: QueueFields, defaults: QueueFields,
+           problems: Problems) -> QueueConfig | None:
+    """The queue: its entry over ``defaults`` over the built-in defaults."""
+    def pick(field: str) -> Any:
+        for layer in (entry, defaults):
+            if field in layer.model_fields_set and getattr(layer, field) is not None:
+                return getattr(layer, field)
+        return None
+
+    for field, example in _EXTENSIONS.items():
+        if pick(field) is None:
+            problems.add(where, f"missing {field!r} (set it here or in defaults), e.g. "
+                                f"{example}")
+    source_control, build_runner = pick("source_control"), pick("build_runner")
+    if source_control is None or build_runner is None:
+        return None
+    if build_runner.wants_repository and build_runner.repository is None:
+        # a runner that checks out the code builds the queue's repository by default
+        repository = source_control.shared_repository()
+        if repository is None:
+            from_queue = "build_runner" in entry.model_fields_set
+            problems.add(f"{where}.build_runner" if from_queue else where,
+                         f"the {build_runner.kind} build_runner"
+                         f"{'' if from_queue else ' (from defaults)'} has no 'repository' "
+                         f"and the queue's source_control is kind {source_control.kind!r}, "
+                         f"not git: set its repository, e.g. repository: /srv/git/monorepo")
+            return None
+        build_runner = dataclasses.replace(build_runner, repository=repository)
+    knobs = {k: pick(k) for k in _KNOBS if pick(k) is not None}
+    return QueueConfig(name=name, source_control=source_control, build_runner=build_runner,
+                       **knobs)

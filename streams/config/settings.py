@@ -1,0 +1,59 @@
+"""Environment configuration with working local defaults.
+
+Every knob a user may set through the environment lives here, read once per call so tests
+can override the environment. The local stack (`stovepipe dev up`) listens on the defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_KAFKA_BOOTSTRAP = "STOVEPIPE_KAFKA_BOOTSTRAP"
+ENV_POSTGRES_DSN = "STOVEPIPE_POSTGRES_DSN"
+ENV_TOPIC_PREFIX = "STOVEPIPE_TOPIC_PREFIX"
+ENV_TOPICS_FILE = "STOVEPIPE_TOPICS_FILE"
+ENV_QUEUES_FILE = "STOVEPIPE_QUEUES_FILE"
+ENV_HOME = "STOVEPIPE_HOME"
+ENV_APP_ID = "STOVEPIPE_APP_ID"
+ENV_WEB_PORT = "STOVEPIPE_WEB_PORT"
+ENV_API_TOKEN = "STOVEPIPE_API_TOKEN"  # noqa: S105 - the variable's name, not a token
+
+LOCAL_KAFKA_PORT = 19092
+LOCAL_KAFKA_CONTROLLER_PORT = 19093
+LOCAL_POSTGRES_PORT = 15432
+LOCAL_KAFKA_BOOTSTRAP = f"127.0.0.1:{LOCAL_KAFKA_PORT}"
+LOCAL_POSTGRES_DSN = f"postgresql://stovepipe@127.0.0.1:{LOCAL_POSTGRES_PORT}/stovepipe"
+DEFAULT_TOPIC_PREFIX = "stovepipe."
+DEFAULT_APP_ID = "stovepipe"
+DEFAULT_WEB_PORT = 6066
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Settings:
+    kafka_bootstrap: str
+    postgres_dsn: str
+    topic_prefix: str
+    topics_file: Path
+    queues_file: Path
+    home: Path
+    kafka_from_env: bool
+    postgres_from_env: bool
+
+
+def load_settings() -> Settings:
+    kafka = os.environ.get(ENV_KAFKA_BOOTSTRAP, "").strip()
+    dsn = os.environ.get(ENV_POSTGRES_DSN, "").strip()
+    return Settings(
+        kafka_bootstrap=kafka or LOCAL_KAFKA_BOOTSTRAP,
+        postgres_dsn=dsn or LOCAL_POSTGRES_DSN,
+        topic_prefix=os.environ.get(ENV_TOPIC_PREFIX, DEFAULT_TOPIC_PREFIX),
+        topics_file=Path(os.environ.get(ENV_TOPICS_FILE) or REPO_ROOT / "topics.yaml"),
+        queues_file=Path(os.environ.get(ENV_QUEUES_FILE) or REPO_ROOT / "queues.yaml"),
+        home=Path(os.environ.get(ENV_HOME) or Path.home() / ".stovepipe"),
+        kafka_from_env=bool(kafka),
+        postgres_from_env=bool(dsn),
+    )

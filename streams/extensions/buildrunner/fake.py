@@ -1,0 +1,238 @@
+"""The fake BuildRunner: outcomes chosen by the head commit, stateless (design §8).
+
+Any worker may poll any build, so a build id carries everything ``status`` needs::
+
+    fake-<unpadded urlsafe base64 of {"head": uri, "base": uri|null, "t": epoch s}>-<nonce>
+
+where the nonce is 16 hex digits, so two triggers of one commit are two builds.
+
+Behaviour comes from the head commit's sha — the text after the last ``/`` of the head
+URI, whatever the URI scheme — read as ``-``-separated tokens, e.g. ``c7-queued1-slow3-fail``:
+
+- no token: ``succeeded`` from the first poll;
+- ``fail``: ends ``failed`` instead of ``succeeded``;
+- ``queuedN``: ``accepted`` for the first N seconds after the trigger;
+- ``slowN``: then ``running`` for N seconds, then the outcome;
+- ``hang``: then ``running`` forever;
+- ``triggererror`` / ``triggerretry``: ``trigger`` raises, non-retryable / retryable;
+- ``statuserror`` / ``statusretry``: ``status`` raises, non-retryable / retryable.
+
+N may be fractional (``slow0.5``). Other tokens are ignored.
+
+Cancelling: with a ``state_dir``, ``cancel`` appends ``<build id> <epoch s>`` to
+``<state_dir>/cancelled.log`` (under an ``flock``), so every runner sharing the directory
+sees it; a build cancelled before its behaviour finished it reports ``cancelled`` from
+then on, one that had already finished stays as it ended. Without a ``state_dir``
+``cancel`` does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import fcntl
+import json
+import math
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic.dataclasses import dataclass as spec_dataclass
+
+from store.entities import BuildStatus
+from streams.extensions import ExtensionContext
+from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
+from streams.schema.fields import SPEC, ConfigPath
+
+BUILD_ID_PREFIX = "fake-"
+CANCELLED_FILE = "cancelled.log"
+_TIMED_TOKEN = re.compile(r"(queued|slow)(\d+(?:\.\d+)?)")
+_NONCE = re.compile(r"[0-9a-f]{16}")
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """What a build of one head commit does, read from its sha."""
+
+    fail: bool = False
+    queued: float = 0.0  # seconds `accepted` after the trigger
+    slow: float = 0.0  # then seconds `running`
+    hang: bool = False  # then `running` forever
+    trigger_error: bool = False
+    trigger_retry: bool = False
+    status_error: bool = False
+    status_retry: bool = False
+
+    @classmethod
+    def of(cls, head_uri: str) -> Behaviour:
+        sha = head_uri.rpartition("/")[2]
+        fields: dict[str, Any] = {}
+        for token in sha.split("-"):
+            timed = _TIMED_TOKEN.fullmatch(token)
+            if timed:
+                fields[timed.group(1)] = float(timed.group(2))
+            elif token in _FLAGS:
+                fields[_FLAGS[token]] = True
+        return cls(**fields)
+
+    @property
+    def finishes_after(self) -> float:
+        """Seconds from trigger to the terminal status; infinite for ``hang``."""
+        return math.inf if self.hang else self.queued + self.slow
+
+    def status_at(self, elapsed: float) -> BuildStatus:
+        """The status ``elapsed`` seconds after the trigger."""
+        if elapsed < self.queued:
+            return BuildStatus.ACCEPTED
+        if elapsed < self.finishes_after:
+            return BuildStatus.RUNNING
+        return BuildStatus.FAILED if self.fail else BuildStatus.SUCCEEDED
+
+
+_FLAGS = {
+    "fail": "fail",
+    "hang": "hang",
+    "triggererror": "trigger_error",
+    "triggerretry": "trigger_retry",
+    "statuserror": "status_error",
+    "statusretry": "status_retry",
+}
+
+
+@dataclass(frozen=True)
+class FakeBuild:
+    """What a fake build id encodes."""
+
+    head_uri: str
+    base_uri: str | None
+    triggered_at: float  # epoch seconds
+    nonce: str
+
+    def build_id(self) -> str:
+        body = json.dumps({"head": self.head_uri, "base": self.base_uri,
+                           "t": self.triggered_at}, separators=(",", ":"))
+        encoded = base64.urlsafe_b64encode(body.encode()).decode().rstrip("=")
+        return f"{BUILD_ID_PREFIX}{encoded}-{self.nonce}"
+
+    @classmethod
+    def parse(cls, build_id: str) -> FakeBuild:
+        """Raises a non-retryable BuildRunnerError naming a malformed id."""
+        encoded, _, nonce = build_id.removeprefix(BUILD_ID_PREFIX).rpartition("-")
+        try:
+            if not build_id.startswith(BUILD_ID_PREFIX) or not _NONCE.fullmatch(nonce):
+                raise ValueError("bad prefix or nonce")
+            raw = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+            head, base, t = raw["head"], raw["base"], raw["t"]
+            if not (isinstance(head, str) and head and (base is None or isinstance(base, str))
+                    and isinstance(t, int | float) and not isinstance(t, bool)):
+                raise ValueError("bad fields")
+        except (ValueError, TypeError, KeyError, binascii.Error):
+            raise BuildRunnerError(f"not a fake build id: {build_id!r}") from None
+        return cls(head, base, float(t), nonce)
+
+
+@spec_dataclass(frozen=True, config=SPEC)
+class FakeBuildRunnerSpec:
+    """`kind: fake`: outcomes chosen by the head commit (this module)."""
+
+    wants_repository: ClassVar[bool] = False
+    state_dir: ConfigPath | None = None  # where cancellations are shared; None: a no-op
+    kind: Literal["fake"] = "fake"
+
+    def build(self, context: ExtensionContext) -> FakeBuildRunner:
+        return FakeBuildRunner(self.state_dir)
+
+
+class FakeBuildRunner:
+    """A BuildRunner whose builds exist only in their ids (see the module docstring).
+
+    ``state_dir`` (optional) is where cancellations are shared between processes;
+    ``clock`` gives epoch seconds (tests may replace it).
+    """
+
+    def __init__(self, state_dir: Path | str | None = None, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.state_dir = Path(state_dir) if state_dir is not None else None
+        self._clock = clock
+
+    def __repr__(self) -> str:
+        return f"FakeBuildRunner(state_dir={self.state_dir!r})"
+
+    async def trigger(self, base_uri: str | None, head_uri: str,
+                      metadata: Mapping[str, str]) -> str:
+        behaviour = Behaviour.of(head_uri)
+        if behaviour.trigger_retry:
+            raise BuildRunnerError(f"fake runner: trigger of {head_uri} failed (triggerretry)",
+                                   retryable=True)
+        if behaviour.trigger_error:
+            raise BuildRunnerError(f"fake runner: trigger of {head_uri} rejected "
+                                   f"(triggererror)")
+        return FakeBuild(head_uri, base_uri, self._clock(), secrets.token_hex(8)).build_id()
+
+    async def status(self, build_id: str) -> BuildReport:
+        build = FakeBuild.parse(build_id)
+        behaviour = Behaviour.of(build.head_uri)
+        if behaviour.status_retry:
+            raise BuildRunnerError(f"fake runner: status of {build_id} unavailable "
+                                   f"(statusretry)", retryable=True)
+        if behaviour.status_error:
+            raise BuildRunnerError(f"fake runner: status of {build_id} failed (statuserror)")
+        now = self._clock()
+        status = behaviour.status_at(now - build.triggered_at)
+        if self.state_dir is not None:
+            cancelled_at = await asyncio.to_thread(self._cancelled_at, self.state_dir,
+                                                   build_id)
+            if (cancelled_at is not None
+                    and cancelled_at - build.triggered_at < behaviour.finishes_after):
+                status = BuildStatus.CANCELLED  # stopped before its behaviour finished it
+        return BuildReport(status, {"runner": "fake", "head_uri": build.head_uri,
+                                    "base_uri": build.base_uri or ""})
+
+    async def cancel(self, build_id: str) -> None:
+        FakeBuild.parse(build_id)
+        if self.state_dir is not None:
+            await asyncio.to_thread(self._record_cancel, self.state_dir, build_id,
+                                    self._clock())
+
+    # --- the shared cancellation log, in a worker thread ---
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _cancel_log(state_dir: Path, *, exclusive: bool) -> Iterator[Path]:
+        path = state_dir / CANCELLED_FILE
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise BuildRunnerError(f"fake runner: cannot open {path}: {exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield path
+        finally:
+            os.close(fd)
+
+    def _record_cancel(self, state_dir: Path, build_id: str, when: float) -> None:
+        with self._cancel_log(state_dir, exclusive=True) as path:
+            if self._cancelled_at_unlocked(path, build_id) is None:  # idempotent
+                with path.open("a", encoding="utf-8") as out:
+                    out.write(f"{build_id} {when!r}\n")
+
+    def _cancelled_at(self, state_dir: Path, build_id: str) -> float | None:
+        with self._cancel_log(state_dir, exclusive=False) as path:
+            return self._cancelled_at_unlocked(path, build_id)
+
+    @staticmethod
+    def _cancelled_at_unlocked(path: Path, build_id: str) -> float | None:
+        with path.open(encoding="utf-8") as lines:
+            for line in lines:
+                cancelled, _, when = line.rstrip("\n").partition(" ")
+                if cancelled == build_id:
+                    return float(when)
+        return None

@@ -1,0 +1,424 @@
+"""The fake SourceControl: a repository held in one JSON file (design §8).
+
+Tests edit the file while workers run, from any process, so a test can push and
+force-push under a live pipeline. The file::
+
+    {"commits":  {"<sha>": {"parents": ["<sha>", ...], "time": "<ISO 8601>"}},
+     "refs":     {"main": "<sha>"},
+     "promoted": {"verified-main": "<sha>"}}
+
+Commits are immutable and never deleted; a force-push only moves a ref, so a commit it
+abandoned still exists but is no longer reachable from the ref.
+
+URIs are ``fake://<repo>/<ref>/<sha>``: ``<repo>`` is the name given in the queue
+configuration (it does not appear in the file) and ``<sha>`` never contains ``/``. Only
+this module parses them. A URI of another repository, or not a URI at all, names no
+commit here: ``CommitNotFound``.
+
+Fault injection, as the fake BuildRunner does it: a sha with the ``-``-separated token
+``ancestryerror`` (or ``ancestryretry``) makes ``is_ancestor`` on it fail with a
+non-retryable (or retryable) ``SourceControlError``, e.g. ``c7-ancestryerror``.
+
+Concurrency: every change is a read-modify-write under an exclusive ``flock`` on the
+sidecar ``<file>.lock`` and lands by ``os.replace`` of a complete temporary file; readers
+take the shared lock. A reader therefore sees the whole file before or after a change,
+never a mixture, and two writers never lose each other's change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BeforeValidator, ValidationInfo, field_validator
+from pydantic.dataclasses import dataclass as spec_dataclass
+
+from streams.extensions import ExtensionContext
+from streams.extensions.sourcecontrol.contract import (
+    CommitNotFound,
+    SourceControlError,
+    UnknownRef,
+)
+from streams.schema.fields import SPEC, ConfigPath, NonEmptyStr
+
+URI_SCHEME = "fake://"
+LOCK_SUFFIX = ".lock"
+_REPO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+T = TypeVar("T")
+
+
+def fake_uri(repo: str, ref: str, sha: str) -> str:
+    """The URI the fake SourceControl mints for ``sha`` on ``repo``'s ``ref``."""
+    return f"{URI_SCHEME}{repo}/{ref}/{sha}"
+
+
+# --- the file ---------------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    commits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    refs: dict[str, str] = field(default_factory=dict)
+    promoted: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"commits": self.commits, "refs": self.refs,
+                           "promoted": self.promoted}, indent=1, sort_keys=True)
+
+    def parents(self, sha: str) -> list[str]:
+        return list(self.commits[sha].get("parents", []))
+
+    def is_ancestor(self, ancestor: str, descendant: str) -> bool:
+        """Walks parents from ``descendant``; a commit is its own ancestor."""
+        stack, seen = [descendant], set()
+        while stack:
+            sha = stack.pop()
+            if sha == ancestor:
+                return True
+            if sha in seen or sha not in self.commits:
+                continue
+            seen.add(sha)
+            stack.extend(self.parents(sha))
+        return False
+
+
+def _lock_path(path: Path) -> Path:
+    return path.with_name(path.name + LOCK_SUFFIX)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, *, exclusive: bool) -> Iterator[None]:
+    """Holds the sidecar lock of ``path``. FileNotFoundError when its directory is absent."""
+    fd = os.open(_lock_path(path), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _parse(text: str, path: Path) -> _State:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SourceControlError(f"{path}: not a fake repository file: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SourceControlError(f"{path}: not a fake repository file: expected an object")
+    parts = {}
+    for key in ("commits", "refs", "promoted"):
+        value = raw.get(key, {})
+        if not isinstance(value, dict):
+            raise SourceControlError(f"{path}: not a fake repository file: {key!r} is not "
+                                     f"an object")
+        parts[key] = value
+    return _State(**parts)
+
+
+def _read(path: Path) -> _State | None:
+    """The file's content under the shared lock; None when there is no such file."""
+    try:
+        with _locked(path, exclusive=False):
+            text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SourceControlError(f"{path}: cannot read: {exc}") from None
+    return _parse(text, path)
+
+
+def _write_atomically(path: Path, state: _State) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(state.to_json())
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _update(path: Path, change: Callable[[_State], T], *, create: bool) -> T:
+    """Apply ``change`` to the file under the exclusive lock and write it back if it
+    changed anything. A missing file is an empty repository when ``create``, else
+    FileNotFoundError."""
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path, exclusive=True):
+        try:
+            before = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            if not create:
+                raise
+            before = ""
+        state = _parse(before, path) if before else _State()
+        result = change(state)
+        if state.to_json() != before:
+            _write_atomically(path, state)
+        return result
+
+
+# --- queues.yaml --------------------------------------------------------------------------
+
+
+def _repo_name(value: object) -> str:
+    if not isinstance(value, str) or not _REPO_NAME.fullmatch(value):
+        raise ValueError(f"must be letters, digits, '.', '_' and '-', starting with a letter "
+                         f"or digit, got {value!r}")
+    return value
+
+
+@spec_dataclass(frozen=True, config=SPEC)
+class FakeSourceControlSpec:
+    """`kind: fake`: a repository in a JSON file (this module)."""
+
+    path: ConfigPath
+    repo: Annotated[str, BeforeValidator(_repo_name)]
+    ref: NonEmptyStr
+    promotion_ref: NonEmptyStr | None = None
+    kind: Literal["fake"] = "fake"
+
+    @field_validator("promotion_ref")
+    @classmethod
+    def _own_ref(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and value == info.data.get("ref"):
+            raise ValueError(f"must differ from ref {value!r}: promotion moves a ref of its "
+                             f"own")
+        return value
+
+    def shared_repository(self) -> str | None:
+        return None  # nothing a build could check out
+
+    def shared_git_cache(self, home: Path) -> Path:
+        return home / "git"
+
+    def build(self, context: ExtensionContext) -> FakeSourceControl:
+        return FakeSourceControl(self.path, self.repo, self.ref, self.promotion_ref)
+
+
+# --- the extension ----------------------------------------------------------------------
+
+
+class FakeSourceControl:
+    """One queue's view of a fake repository: ``ref`` in the JSON file at ``path``, with
+    commit URIs minted under the name ``repo``; ``promote`` moves ``promotion_ref``.
+
+    Every method reads or writes the file in a worker thread, never on the event loop.
+    A missing file or ref is ``UnknownRef``; an unreadable or malformed file is a
+    non-retryable ``SourceControlError``.
+    """
+
+    def __init__(self, path: Path | str, repo: str, ref: str,
+                 promotion_ref: str | None = None) -> None:
+        if not repo or "/" in repo:
+            raise ValueError(f"a fake repository name is non-empty without '/', got {repo!r}")
+        if not ref:
+            raise ValueError("a fake repository ref must be non-empty")
+        self.path = Path(path)
+        self.repo = repo
+        self.ref = ref
+        self.promotion_ref = promotion_ref
+
+    def __repr__(self) -> str:
+        return (f"FakeSourceControl({str(self.path)!r}, repo={self.repo!r}, ref={self.ref!r}, "
+                f"promotion_ref={self.promotion_ref!r})")
+
+    async def head(self) -> str:
+        return await asyncio.to_thread(self._head)
+
+    async def is_ancestor(self, ancestor_uri: str, descendant_uri: str) -> bool:
+        return await asyncio.to_thread(self._is_ancestor, ancestor_uri, descendant_uri)
+
+    async def promote(self, uri: str) -> None:
+        if self.promotion_ref is None:
+            return
+        await asyncio.to_thread(self._promote, uri, self.promotion_ref)
+
+    async def commit_time(self, uri: str) -> datetime:
+        return await asyncio.to_thread(self._commit_time, uri)
+
+    # --- blocking halves, run in a thread ---
+
+    def _head(self) -> str:
+        state = self._state()
+        return fake_uri(self.repo, self.ref, self._head_sha(state))
+
+    def _is_ancestor(self, ancestor_uri: str, descendant_uri: str) -> bool:
+        state = self._state()
+        ancestor = self._known_sha(state, ancestor_uri)
+        descendant = self._known_sha(state, descendant_uri)
+        for sha in (ancestor, descendant):
+            tokens = sha.split("-")
+            if "ancestryretry" in tokens or "ancestryerror" in tokens:
+                raise SourceControlError(
+                    f"fake repository {self.repo!r}: ancestry of {sha} unavailable "
+                    f"(injected fault)", retryable="ancestryretry" in tokens)
+        return state.is_ancestor(ancestor, descendant)
+
+    def _promote(self, uri: str, promotion_ref: str) -> None:
+        sha = self._sha(uri)
+
+        def point_promotion_ref(state: _State) -> None:
+            head = self._head_sha(state)
+            if not state.is_ancestor(sha, head):
+                raise CommitNotFound(f"{uri} is not on {self.repo}/{self.ref} (head {head}); "
+                                     f"not promoting it to {promotion_ref!r}")
+            state.promoted[promotion_ref] = sha
+
+        try:
+            _update(self.path, point_promotion_ref, create=False)
+        except FileNotFoundError:
+            raise self._no_file() from None
+        except OSError as exc:
+            raise SourceControlError(f"{self.path}: cannot write: {exc}") from None
+
+    def _commit_time(self, uri: str) -> datetime:
+        state = self._state()
+        sha = self._known_sha(state, uri)
+        raw = state.commits[sha].get("time")
+        try:
+            when = datetime.fromisoformat(raw) if isinstance(raw, str) else None
+        except ValueError:
+            when = None
+        if when is None:
+            raise SourceControlError(f"{self.path}: commit {sha} has no valid 'time' "
+                                     f"(ISO 8601), got {raw!r}")
+        return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+    # --- helpers ---
+
+    def _state(self) -> _State:
+        state = _read(self.path)
+        if state is None:
+            raise self._no_file()
+        return state
+
+    def _no_file(self) -> UnknownRef:
+        return UnknownRef(f"fake repository {self.repo!r}: no file {self.path}")
+
+    def _head_sha(self, state: _State) -> str:
+        sha = state.refs.get(self.ref)
+        if sha is None:
+            raise UnknownRef(f"fake repository {self.repo!r} ({self.path}) has no ref "
+                             f"{self.ref!r}; it has {sorted(state.refs)}")
+        if sha not in state.commits:
+            raise SourceControlError(f"{self.path}: ref {self.ref!r} points at {sha}, "
+                                     f"which is not in 'commits'")
+        return sha
+
+    def _sha(self, uri: str) -> str:
+        """The sha of a URI minted for this repository (on any of its refs)."""
+        prefix = f"{URI_SCHEME}{self.repo}/"
+        ref, sep, sha = uri.removeprefix(prefix).rpartition("/")
+        if not (uri.startswith(prefix) and ref and sep and sha):
+            raise CommitNotFound(f"{uri!r} is not a commit URI of fake repository "
+                                 f"{self.repo!r} (want {prefix}<ref>/<sha>)")
+        return sha
+
+    def _known_sha(self, state: _State, uri: str) -> str:
+        sha = self._sha(uri)
+        if sha not in state.commits:
+            raise CommitNotFound(f"fake repository {self.repo!r} ({self.path}) has no "
+                                 f"commit {sha} (from {uri})")
+        return sha
+
+
+# --- the test side ----------------------------------------------------------------------
+
+
+def _check_sha(sha: str) -> str:
+    if not isinstance(sha, str) or not sha or "/" in sha or any(c.isspace() for c in sha):
+        raise ValueError(f"a fake sha is a non-empty string without '/' or spaces, got {sha!r}")
+    return sha
+
+
+class FakeRepo:
+    """Edits a fake repository file the way a developer edits a repository: commit, push,
+    force-push. Safe to use from any process while workers read the file. Synchronous:
+    for tests and demos, not for the event loop."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+
+    uri = staticmethod(fake_uri)
+
+    def commit(self, sha: str, *, parents: Sequence[str] = (),
+               time: datetime | None = None) -> str:
+        """Add a commit without moving any ref. Re-adding it with the same parents does
+        nothing; with other parents is a ValueError (commits are immutable)."""
+        parents = [_check_sha(p) for p in parents]
+        when = (time or datetime.now(UTC)).isoformat()
+        _update(self.path, lambda s: self._add_commit(s, _check_sha(sha), parents, when),
+                create=True)
+        return sha
+
+    def push(self, ref: str, *shas: str, time: datetime | None = None) -> str:
+        """Append new commits on top of ``ref``'s head (or start it), each the child of the
+        one before, and move ``ref`` to the last. Returns the new head."""
+        if not shas:
+            raise ValueError("push needs at least one commit")
+        for sha in shas:
+            _check_sha(sha)
+        when = (time or datetime.now(UTC)).isoformat()
+
+        def fast_forward(state: _State) -> str:
+            parent = state.refs.get(ref)
+            for sha in shas:
+                if sha in state.commits:
+                    raise ValueError(f"commit {sha} already exists; push adds new commits")
+                self._add_commit(state, sha, [parent] if parent else [], when)
+                parent = sha
+            state.refs[ref] = shas[-1]
+            return shas[-1]
+
+        return _update(self.path, fast_forward, create=True)
+
+    def force_push(self, ref: str, sha: str, parents: Sequence[str] = (),
+                   time: datetime | None = None) -> str:
+        """Point ``ref`` at ``sha`` whatever its history, creating the commit with
+        ``parents`` if it is new. Commits left behind stay in the file, off the ref."""
+        parents = [_check_sha(p) for p in parents]
+        when = (time or datetime.now(UTC)).isoformat()
+
+        def rewrite(state: _State) -> str:
+            if sha not in state.commits or parents:
+                self._add_commit(state, _check_sha(sha), parents, when)
+            state.refs[ref] = sha
+            return sha
+
+        return _update(self.path, rewrite, create=True)
+
+    def head(self, ref: str) -> str | None:
+        state = _read(self.path)
+        return state.refs.get(ref) if state else None
+
+    def promoted(self, ref: str) -> str | None:
+        """Where the promotion ref ``ref`` points, or None if it was never promoted."""
+        state = _read(self.path)
+        return state.promoted.get(ref) if state else None
+
+    @staticmethod
+    def _add_commit(state: _State, sha: str, parents: list[str], when: str) -> None:
+        for parent in parents:
+            if parent not in state.commits:
+                raise ValueError(f"parent {parent} of {sha} is not a commit")
+        existing = state.commits.get(sha)
+        if existing is not None:
+            if list(existing.get("parents", [])) != parents:
+                raise ValueError(f"commit {sha} exists with parents {existing['parents']}, "
+                                 f"not {parents}")
+            return
+        state.commits[sha] = {"parents": parents, "time": when}

@@ -1,0 +1,139 @@
+"""The git SourceControl: a real repository through the git CLI (design §8).
+
+The repository is read as `gitrepo.GitRepository` reads it: a local
+path in place, a remote URL through a bare cache fetched before every ``head()`` and
+``promote()``. The promotion ref is updated in a local repository (``git update-ref``) and
+pushed to a remote one (``git push --force origin <sha>:refs/heads/<promotion_ref>``).
+
+URIs are ``git+<repository>#<ref>@<sha>`` (`gitrepo.git_uri`); a URI of another
+repository names no commit here: ``CommitNotFound``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ValidationInfo, field_validator
+from pydantic.dataclasses import dataclass as spec_dataclass
+
+from streams.extensions import ExtensionContext
+from streams.extensions.sourcecontrol.contract import (
+    CommitNotFound,
+    UnknownRef,
+)
+from streams.extensions.sourcecontrol.gitrepo import (
+    DEFAULT_LOCAL_TIMEOUT,
+    DEFAULT_REMOTE_TIMEOUT,
+    BranchName,
+    GitRepository,
+    Repository,
+    check_branch_name,
+    git_uri,
+    parse_uri,
+)
+from streams.schema.fields import SPEC, ConfigPath, Flag
+
+
+@spec_dataclass(frozen=True, config=SPEC)
+class GitSourceControlSpec:
+    """`kind: git`: a real repository, local path or remote URL (this module)."""
+
+    repository: Repository  # a URL as written, or an absolute local path
+    ref: BranchName
+    promotion_ref: BranchName | None = None
+    push: Flag | None = None  # None: push to a remote URL, update a local path in place
+    cache_dir: ConfigPath | None = None  # where remotes are cached; None: <home>/git
+    kind: Literal["git"] = "git"
+
+    @field_validator("promotion_ref")
+    @classmethod
+    def _own_ref(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and value == info.data.get("ref"):
+            raise ValueError(f"must differ from ref {value!r}: promotion moves a ref of its "
+                             f"own")
+        return value
+
+    def shared_repository(self) -> str | None:
+        return self.repository  # what a build of this queue checks out, by default
+
+    def shared_git_cache(self, home: Path) -> Path:
+        return self.cache_dir or home / "git"  # one cache per remote, fetched once
+
+    def build(self, context: ExtensionContext) -> GitSourceControl:
+        return GitSourceControl(self.repository, self.ref, self.promotion_ref, push=self.push,
+                                cache_dir=self.shared_git_cache(context.home))
+
+
+# --- the extension ----------------------------------------------------------------------
+
+
+class GitSourceControl:
+    """One queue's view of ``ref`` in a git repository; ``promote`` moves
+    ``promotion_ref`` (pushed when ``push``, default: for remote URLs only)."""
+
+    def __init__(self, repository: str, ref: str, promotion_ref: str | None = None, *,
+                 push: bool | None = None, cache_dir: Path | str | None = None,
+                 local_timeout: float = DEFAULT_LOCAL_TIMEOUT,
+                 remote_timeout: float = DEFAULT_REMOTE_TIMEOUT) -> None:
+        check_branch_name(ref)
+        if promotion_ref is not None:
+            check_branch_name(promotion_ref)
+            if promotion_ref == ref:
+                raise ValueError(f"the promotion ref must differ from the ref {ref!r}")
+        self.repo = GitRepository(repository, cache_root=cache_dir,
+                                  local_timeout=local_timeout, remote_timeout=remote_timeout)
+        self.ref = ref
+        self.promotion_ref = promotion_ref
+        self.push = self.repo.is_remote if push is None else push
+
+    @property
+    def repository(self) -> str:
+        return self.repo.repository
+
+    def __repr__(self) -> str:
+        return (f"GitSourceControl({self.repository!r}, ref={self.ref!r}, "
+                f"promotion_ref={self.promotion_ref!r}, push={self.push})")
+
+    async def head(self) -> str:
+        return git_uri(self.repository, self.ref, await self.repo.resolve(self.ref))
+
+    async def is_ancestor(self, ancestor_uri: str, descendant_uri: str) -> bool:
+        ancestor, descendant = self._sha(ancestor_uri), self._sha(descendant_uri)
+        for sha, uri in ((ancestor, ancestor_uri), (descendant, descendant_uri)):
+            if not await self.repo.ensure_commit(sha, self.ref):
+                raise CommitNotFound(f"git repository {self.repository} has no commit {sha} "
+                                     f"(from {uri})")
+        return await self.repo.is_ancestor(ancestor, descendant)
+
+    async def promote(self, uri: str) -> None:
+        if self.promotion_ref is None:
+            return
+        sha = self._sha(uri)
+        try:
+            head = await self.repo.resolve(self.ref)
+        except UnknownRef as exc:
+            raise CommitNotFound(f"not promoting {uri}: {exc}") from exc
+        # a commit on the ref is in the freshly fetched history; absent means not on it
+        if not (await self.repo.has_commit(sha) and await self.repo.is_ancestor(sha, head)):
+            raise CommitNotFound(f"{uri} is not on {self.ref!r} of {self.repository} (head "
+                                 f"{head}); not promoting it to {self.promotion_ref!r}")
+        # The check and the move are two steps: a force-push in between can promote a
+        # commit that just left the ref. The promotion ref lags the bookmark by design and
+        # the next green commit moves it on.
+        await self.repo.set_branch(self.promotion_ref, sha, push=self.push)
+
+    async def commit_time(self, uri: str) -> datetime:
+        sha = self._sha(uri)
+        if not await self.repo.ensure_commit(sha, self.ref):
+            raise CommitNotFound(f"git repository {self.repository} has no commit {sha} "
+                                 f"(from {uri})")
+        return await self.repo.commit_time(sha)
+
+    def _sha(self, uri: str) -> str:
+        commit = parse_uri(uri)
+        if commit.repository != self.repository:
+            raise CommitNotFound(f"{uri!r} names a commit of {commit.repository}, not of "
+                                 f"{self.repository}")
+        return commit.sha

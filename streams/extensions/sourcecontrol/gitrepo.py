@@ -1,0 +1,433 @@
+"""A git repository as Stovepipe reads it, through the git CLI: shared by the git
+SourceControl (`streams.extensions.sourcecontrol.git`) and the command BuildRunner.
+
+Two kinds of repository, told apart by how they are written:
+
+- a **local path** (``/srv/git/monorepo``, bare or with a work tree) is used in place.
+  No cache: the repository is on this machine already, and a copy could only be staler.
+- a **remote URL** (``https://…``, ``ssh://…``, ``git@host:path``, ``file:///…``) is read
+  through a bare cache under ``<cache_root>/<name>-<hash of the URL>.git``. Fetched refs
+  land under ``refs/remotes/origin/`` of the cache, so a cache shared by several queues
+  (and by the command BuildRunner, which clones from it) holds every queue's ref side by
+  side.
+
+URIs are ``git+<repository>#<ref>@<sha>`` with the full sha. Only the git extensions parse
+them (`parse_uri`).
+
+Errors: a repository or ref that does not exist is ``UnknownRef`` (fix the queue
+configuration). A remote that cannot be reached (network, timeout, a server error) is a
+*retryable* ``SourceControlError``; refused credentials are not. Local failures are
+non-retryable, except a lock held by a concurrent git process.
+
+Every git call is an ``asyncio`` subprocess with a deadline (its process group is killed
+when it passes), so nothing here blocks the event loop. Writes to a cache (its creation
+and every fetch) hold an exclusive ``flock`` on ``<cache>.lock``, polled without blocking,
+so any number of workers on one machine can share a cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import signal
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, BeforeValidator, ValidationInfo
+
+from streams.extensions.sourcecontrol.contract import (
+    CommitNotFound,
+    SourceControlError,
+    UnknownRef,
+)
+from streams.schema.fields import NonEmptyStr, resolve_path
+
+URI_PREFIX = "git+"
+DEFAULT_LOCAL_TIMEOUT = 60.0  # seconds for a git command on this machine
+DEFAULT_REMOTE_TIMEOUT = 300.0  # seconds for a fetch or a push
+LOCK_POLL_INTERVAL = 0.05
+
+_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_SCP_LIKE = re.compile(r"[^/]+:")  # git@host:path, host:path (a ':' before any '/')
+_BAD_REF_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\#]")
+# variables that would point git (and builds) at another repository than the one named
+GIT_LOCATION_VARIABLES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
+                          "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR",
+                          "GIT_NAMESPACE", "GIT_CEILING_DIRECTORIES", "GIT_PREFIX")
+
+# how a failed remote operation says the repository or ref is not there (LC_ALL=C)
+_REMOTE_MISSING = ("does not appear to be a git repository", "repository not found",
+                   "not found", "no such file or directory", "couldn't find remote ref")
+_REMOTE_DENIED = ("authentication failed", "permission denied", "could not read username",
+                  "could not read password", "terminal prompts disabled",
+                  "host key verification failed", "access denied",
+                  "the requested url returned error: 401",
+                  "the requested url returned error: 403")
+_REMOTE_SHA_REFUSED = ("not our ref", "unadvertised object", "couldn't find remote ref",
+                       "no such remote ref", "bad object")
+_LOCK_CONTENTION = ("cannot lock ref", "unable to create", "index.lock", "is locked")
+
+
+# --- URIs and names -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GitCommit:
+    """What a git URI names: ``sha`` as seen on ``ref`` of ``repository``."""
+
+    repository: str
+    ref: str
+    sha: str
+
+
+def git_uri(repository: str, ref: str, sha: str) -> str:
+    """The URI minted for ``sha`` on ``ref`` of ``repository``."""
+    return f"{URI_PREFIX}{repository}#{ref}@{sha}"
+
+
+def parse_uri(uri: str) -> GitCommit:
+    """The commit a git URI names. Raises CommitNotFound for anything else.
+
+    Unambiguous because a sha is hex and a ref never contains '#' (`check_branch_name`);
+    the repository is whatever precedes the last '#'."""
+    rest, _, sha = uri.removeprefix(URI_PREFIX).rpartition("@")
+    repository, _, ref = rest.rpartition("#")
+    if not (uri.startswith(URI_PREFIX) and _SHA.fullmatch(sha) and repository and ref):
+        raise CommitNotFound(f"{uri!r} is not a git commit URI "
+                             f"(want {URI_PREFIX}<repository>#<ref>@<full sha>)")
+    return GitCommit(repository, ref, sha)
+
+
+def is_remote_url(repository: str) -> bool:
+    """Whether git reads ``repository`` as a URL (scheme://…, or scp-like host:path) rather
+    than a local path; the same rule git applies."""
+    return bool(_URL.match(repository)
+                or (_SCP_LIKE.match(repository) and not repository.startswith(("./", "/"))))
+
+
+def check_branch_name(name: str) -> str:
+    """``name`` if it is a usable branch name (without ``refs/heads/``), else ValueError.
+
+    A subset of git's rule (git check-ref-format), plus no '#' so URIs stay unambiguous."""
+    problem = None
+    if not name:
+        problem = "it is empty"
+    elif name.startswith("refs/"):
+        problem = "give the branch name without 'refs/…', e.g. 'main'"
+    elif name.startswith(("-", "/", ".")) or name.endswith(("/", ".", ".lock")):
+        problem = "it starts with '-', '/' or '.', or ends with '/', '.' or '.lock'"
+    elif ".." in name or "//" in name or "@{" in name or name == "@" or "/." in name:
+        problem = "it contains '..', '//', '/.' or '@{', or is '@'"
+    elif (bad := _BAD_REF_CHARS.search(name)) is not None:
+        problem = f"it contains {bad.group()!r}"
+    if problem:
+        raise ValueError(f"invalid branch name {name!r}: {problem}")
+    return name
+
+
+def cache_name(url: str) -> str:
+    """The cache directory name of a remote: readable, and unique per URL."""
+    tail = url.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1].removesuffix(".git")
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", tail).strip(".-")[:40] or "repo"
+    return f"{slug}-{hashlib.sha256(url.encode()).hexdigest()[:16]}.git"
+
+
+def git_environment() -> dict[str, str]:
+    """The environment for git commands: ours, without variables that would redirect git
+    to another repository, with prompts disabled and messages in English (classified)."""
+    env = {k: v for k, v in os.environ.items() if k not in GIT_LOCATION_VARIABLES}
+    env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    return env
+
+
+# --- running git --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GitResult:
+    code: int
+    stdout: str
+    stderr: str
+
+    def detail(self) -> str:
+        text = (self.stderr.strip() or self.stdout.strip()).replace("\n", " | ")
+        return text[:500] or f"exit status {self.code}"
+
+
+async def run_git(args: Sequence[str], *, deadline: float,
+                  env: dict[str, str] | None = None) -> GitResult:
+    """Run ``git <args>`` without blocking the loop. A run past ``deadline`` seconds is
+    killed (with its process group: ssh, remote helpers) and is a retryable error."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            "git", *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=env if env is not None else git_environment(),
+            start_new_session=True)
+    except FileNotFoundError:
+        raise SourceControlError("git is not installed (no 'git' on PATH)") from None
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), deadline)
+    except TimeoutError:
+        raise SourceControlError(f"git {args[0] if args else ''} did not finish within "
+                                 f"{deadline:.0f}s", retryable=True) from None
+    finally:
+        if proc.returncode is None:  # timed out or cancelled: stop it, leave no zombie
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+    return GitResult(proc.returncode if proc.returncode is not None else -1,
+                     out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+
+def _remote_failure(repository: str, what: str, result: GitResult) -> SourceControlError:
+    """Classify a failed fetch/push: missing → UnknownRef, refused credentials → not
+    retryable, anything else (network, server errors, timeouts) → retryable; the retry
+    policy bounds how long an unreachable remote is retried."""
+    text = result.stderr.lower()
+    message = f"git repository {repository}: {what} failed: {result.detail()}"
+    if any(s in text for s in _REMOTE_DENIED):
+        return SourceControlError(message + " (check the credentials of the worker)")
+    if any(s in text for s in _REMOTE_MISSING):
+        return UnknownRef(message + " (check 'repository' and 'ref' in the queue "
+                                    "configuration)")
+    return SourceControlError(message, retryable=True)
+
+
+def _local_failure(repository: str, what: str, result: GitResult) -> SourceControlError:
+    text = result.stderr.lower()
+    contended = any(s in text for s in _LOCK_CONTENTION) and ".lock" in text
+    return SourceControlError(f"git repository {repository}: {what} failed: "
+                              f"{result.detail()}", retryable=contended)
+
+
+@contextlib.asynccontextmanager
+async def hold_file_lock(path: Path) -> AsyncIterator[None]:
+    """An exclusive flock on ``path`` (created if needed), waited for without blocking the
+    loop. Separate holders in one process exclude each other too (one fd each)."""
+    fd = await asyncio.to_thread(_open_lock_file, path)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(LOCK_POLL_INTERVAL)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _open_lock_file(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+
+# --- a repository -------------------------------------------------------------------------
+
+
+class GitRepository:
+    """A repository as Stovepipe reads it: a local one in place, a remote one through its
+    bare cache (see the module docstring). Shared by GitSourceControl and the command
+    BuildRunner. Raises the SourceControl errors."""
+
+    def __init__(self, repository: str, *, cache_root: Path | str | None = None,
+                 local_timeout: float = DEFAULT_LOCAL_TIMEOUT,
+                 remote_timeout: float = DEFAULT_REMOTE_TIMEOUT) -> None:
+        if not repository:
+            raise ValueError("a git repository (a local path or a URL) must be non-empty")
+        self.is_remote = is_remote_url(repository)
+        self.repository = (repository if self.is_remote
+                           else os.path.abspath(os.path.expanduser(repository)))
+        if self.is_remote and cache_root is None:
+            raise ValueError(f"the remote repository {repository} needs a cache directory "
+                             f"(cache_root) to fetch into")
+        self.cache_path: Path | None = (Path(cache_root) / cache_name(self.repository)
+                                        if self.is_remote and cache_root is not None else None)
+        self.local_timeout = local_timeout
+        self.remote_timeout = remote_timeout
+        self._git_dir: Path | None = None
+
+    def __repr__(self) -> str:
+        return f"GitRepository({self.repository!r}, cache={self.cache_path})"
+
+    def tracking_ref(self, branch: str) -> str:
+        """Where ``branch`` of the repository is read: the cache's copy for a remote."""
+        return f"refs/remotes/origin/{branch}" if self.is_remote else f"refs/heads/{branch}"
+
+    async def git_dir(self) -> Path:
+        """The git directory commands run in (the cache for a remote, created on first use).
+        UnknownRef when a local path is not a git repository."""
+        if self._git_dir is None:
+            self._git_dir = await (self._create_cache() if self.is_remote
+                                   else self._discover_local())
+        return self._git_dir
+
+    async def git(self, *args: str, remote: bool = False) -> GitResult:
+        """``git --git-dir=<git_dir> <args>``; ``remote`` gives it the network deadline."""
+        git_dir = await self.git_dir()
+        return await run_git([f"--git-dir={git_dir}", *args],
+                             deadline=self.remote_timeout if remote else self.local_timeout)
+
+    async def has_commit(self, sha: str) -> bool:
+        result = await self.git("cat-file", "-e", f"{sha}^{{commit}}")
+        return result.code == 0
+
+    async def resolve(self, branch: str, *, fetch: bool = True) -> str:
+        """The sha ``branch`` points at now (fetched first for a remote). UnknownRef when
+        the repository or the branch does not exist."""
+        if self.is_remote and fetch:
+            await self.fetch_branch(branch)
+        result = await self.git("rev-parse", "--verify", "--quiet",
+                                f"{self.tracking_ref(branch)}^{{commit}}")
+        sha = result.stdout.strip()
+        if result.code == 1 or (result.code == 0 and not _SHA.fullmatch(sha)):
+            raise UnknownRef(f"git repository {self.repository} has no branch {branch!r} "
+                             f"(check 'ref' in the queue configuration)")
+        if result.code != 0:
+            raise _local_failure(self.repository, f"rev-parse {branch}", result)
+        return sha
+
+    async def fetch_branch(self, branch: str) -> None:
+        """Bring the remote's ``branch`` into the cache (forced: it may have been
+        rewritten). UnknownRef when the remote or the branch does not exist."""
+        spec = f"+refs/heads/{branch}:{self.tracking_ref(branch)}"
+        async with self._cache_lock():
+            result = await self.git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
+                                    "origin", spec, remote=True)
+        if result.code != 0:
+            raise _remote_failure(self.repository, f"fetch of branch {branch!r}", result)
+
+    async def ensure_commit(self, sha: str, branch: str | None = None) -> bool:
+        """Whether the commit is (or, for a remote, can be fetched) here: tries ``branch``,
+        then the sha itself (servers may refuse a sha no ref reaches)."""
+        if await self.has_commit(sha):
+            return True
+        if not self.is_remote:
+            return False
+        if branch is not None:
+            with contextlib.suppress(UnknownRef):  # the branch may be gone; try the sha
+                await self.fetch_branch(branch)
+            if await self.has_commit(sha):
+                return True
+        async with self._cache_lock():
+            result = await self.git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
+                                    "origin", sha, remote=True)
+        if result.code != 0:
+            if any(s in result.stderr.lower() for s in _REMOTE_SHA_REFUSED):
+                return False
+            raise _remote_failure(self.repository, f"fetch of commit {sha}", result)
+        return await self.has_commit(sha)
+
+    async def is_ancestor(self, ancestor: str, descendant: str) -> bool:
+        """``git merge-base --is-ancestor``: a commit is its own ancestor. CommitNotFound
+        when either commit is not in the repository."""
+        result = await self.git("merge-base", "--is-ancestor", ancestor, descendant)
+        if result.code in (0, 1):
+            return result.code == 0
+        for sha in (ancestor, descendant):
+            if not await self.has_commit(sha):
+                raise CommitNotFound(f"git repository {self.repository} has no commit {sha}")
+        raise _local_failure(self.repository, f"merge-base {ancestor} {descendant}", result)
+
+    async def commit_time(self, sha: str) -> datetime:
+        result = await self.git("show", "--no-patch", "--format=%cI", f"{sha}^{{commit}}")
+        if result.code != 0:
+            if not await self.has_commit(sha):
+                raise CommitNotFound(f"git repository {self.repository} has no commit {sha}")
+            raise _local_failure(self.repository, f"show {sha}", result)
+        try:
+            when = datetime.fromisoformat(result.stdout.strip())
+        except ValueError:
+            raise SourceControlError(f"git repository {self.repository}: commit {sha} has "
+                                     f"an unreadable date {result.stdout.strip()!r}") from None
+        return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+    async def set_branch(self, branch: str, sha: str, *, push: bool) -> None:
+        """Point ``branch`` at ``sha``: pushed (forced) to the repository, or updated in
+        the git directory itself (the repository when local, the cache when remote)."""
+        if push:
+            target = "origin" if self.is_remote else str(await self.git_dir())
+            result = await self.git("push", "--quiet", "--force", "--no-verify", target,
+                                    f"{sha}:refs/heads/{branch}", remote=True)
+            if result.code != 0:
+                if self.is_remote:
+                    raise _remote_failure(self.repository, f"push to {branch!r}", result)
+                raise _local_failure(self.repository, f"push to {branch!r}", result)
+            return
+        result = await self.git("update-ref", "-m", "stovepipe: promote",
+                                f"refs/heads/{branch}", sha)
+        if result.code != 0:
+            raise _local_failure(self.repository, f"update-ref {branch}", result)
+
+    # --- helpers ---
+
+    @contextlib.asynccontextmanager
+    async def _cache_lock(self, *, created: bool = True) -> AsyncIterator[None]:
+        """Holds the cache's lock (not re-entrant): for writes to the cache."""
+        assert self.cache_path is not None
+        if created:
+            await self.git_dir()  # creating the cache takes the lock itself
+        async with hold_file_lock(self.cache_path.with_name(self.cache_path.name + ".lock")):
+            yield
+
+    async def _discover_local(self) -> Path:
+        path = self.repository
+        env = git_environment()
+        # never walk up: a plain directory inside some other repository is not a repository
+        env["GIT_CEILING_DIRECTORIES"] = os.path.dirname(path.rstrip("/")) or "/"
+        result = await run_git(["-C", path, "rev-parse", "--absolute-git-dir"],
+                               deadline=self.local_timeout, env=env)
+        if result.code != 0:
+            text = result.stderr.lower()
+            if "not a git repository" in text or "cannot change to" in text:
+                raise UnknownRef(f"{path} is not a git repository (check 'repository' in "
+                                 f"the queue configuration): {result.detail()}")
+            raise _local_failure(path, "rev-parse --absolute-git-dir", result)
+        return Path(result.stdout.strip())
+
+    async def _create_cache(self) -> Path:
+        cache = self.cache_path
+        assert cache is not None
+        async with self._cache_lock(created=False):
+            if await asyncio.to_thread((cache / "HEAD").exists):
+                return cache
+            # build it aside and rename it in: a crash never leaves a half-made cache
+            scratch = cache.with_name(f".{cache.name}.{uuid.uuid4().hex[:8]}.tmp")
+            for args in (["init", "--quiet", "--bare", str(scratch)],
+                         [f"--git-dir={scratch}", "config", "remote.origin.url",
+                          self.repository]):
+                result = await run_git(args, deadline=self.local_timeout)
+                if result.code != 0:
+                    raise SourceControlError(f"cannot create the cache {cache} of "
+                                             f"{self.repository}: {result.detail()}")
+            await asyncio.to_thread(os.rename, scratch, cache)
+        return cache
+
+
+# --- queues.yaml value types -------------------------------------------------------------
+
+
+def _branch(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a non-empty string without surrounding spaces, got "
+                         f"{value!r}")
+    return check_branch_name(value)
+
+
+def _repository(value: str, info: ValidationInfo) -> str:
+    """A remote URL as written, or a local path made absolute (against the file's
+    directory)."""
+    return value if is_remote_url(value) else str(resolve_path(Path(value), info))
+
+
+BranchName = Annotated[str, BeforeValidator(_branch)]
+Repository = Annotated[NonEmptyStr, AfterValidator(_repository)]

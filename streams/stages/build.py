@@ -1,0 +1,48 @@
+"""build(request id): trigger the Request's build and start polling it (design §5).
+
+Never writes the Request. A Request with a build row is not built again: its poll loop
+is (re)published instead, and buildsignal drops duplicate loops. A crash between trigger
+and the row can still start a second build, which buildsignal absorbs (first writer
+wins).
+"""
+
+from __future__ import annotations
+
+from contract import BuildRequest, BuildSignal, TopicKey
+from store import RequestState
+from streams.runtime import ACK, Outcome, RetryableError
+from streams.stages.deps import Deps, StageContext, check_queue_name
+
+
+class StrategyNotVisible(RetryableError):
+    """process publishes only after committing the strategy; seeing none is a lagging
+    read, never a reason to guess "full"."""
+
+
+async def handle_build(payload: BuildRequest, ctx: StageContext) -> Outcome:
+    deps: Deps = ctx.deps
+    request = await deps.db.requests.get_by_id(payload.id)
+    check_queue_name(payload.queue_name, request.queue, f"request {request.id}")
+    if request.state.is_terminal:
+        return ACK
+    if request.state is not RequestState.PROCESSING or request.build_strategy is None:
+        raise StrategyNotVisible(f"request {request.id} is {request.state} with no strategy")
+
+    existing = await deps.db.builds.list_for_request(request.queue, request.id)
+    if existing:
+        # a duplicate BuildRequest, or a redelivery after a crash between the row and the
+        # publish below: (re)start the poll loop; buildsignal drops duplicate loops
+        await _publish_to_buildsignal(ctx, existing[0].id, request.queue)
+        return ACK
+    runner = deps.extensions.build_runner(request.queue)
+    build_id = await runner.trigger(request.base_uri, request.uri,
+                                    {"queue": request.queue, "request_id": request.id,
+                                     "strategy": request.build_strategy.value})
+    await deps.db.builds.get_or_create(request.queue, build_id, request.id)
+    ctx.log.info("triggered build_id=%s strategy=%s", build_id, request.build_strategy)
+    await _publish_to_buildsignal(ctx, build_id, request.queue)
+    return ACK
+
+
+async def _publish_to_buildsignal(ctx: StageContext, build_id: str, queue: str) -> None:
+    await ctx.publish(TopicKey.BUILDSIGNAL, BuildSignal(id=build_id, queue_name=queue))

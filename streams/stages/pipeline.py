@@ -1,0 +1,44 @@
+"""The Stovepipe pipeline: every stage and reconciler, and what they share when a worker
+runs them (`open_pipeline_deps`). The worker process itself is assembled by
+`streams.cli.worker` (the Faust app, plus the HTTP API on the same web server)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from contract import BuildRequest, BuildSignal, IngestRequest, ProcessRequest, Record
+from store import Database
+from streams.config.queues import Extensions, load_queues
+from streams.runtime.stage import Park, Stage, park_into
+from streams.stages import build, buildsignal, ingest, process, reconcile, record
+from streams.stages.deps import Deps
+
+STAGES: tuple[Stage[Any], ...] = (
+    Stage("ingest", IngestRequest, ingest.handle_ingest),
+    Stage("process", ProcessRequest, process.handle_process),
+    Stage("build", BuildRequest, build.handle_build),
+    Stage("buildsignal", BuildSignal, buildsignal.handle_buildsignal),
+    Stage("record", Record, record.handle_record),
+    Stage("ingest_dlq", IngestRequest, reconcile.handle_ingest_dlq),
+    Stage("process_dlq", ProcessRequest, reconcile.handle_process_dlq),
+    Stage("build_dlq", BuildRequest, reconcile.handle_build_dlq),
+    Stage("buildsignal_dlq", BuildSignal, reconcile.handle_buildsignal_dlq),
+    Stage("record_dlq", Record, reconcile.handle_record_dlq),
+)
+
+OpenPipelineDeps = Callable[[], Awaitable[tuple[Deps, Park, Callable[[], Awaitable[None]]]]]
+
+
+def open_pipeline_deps(dsn: str, queues_file: Path | str | None = None,
+                       pool_size: int = 10) -> OpenPipelineDeps:
+    """Opens the database and the queue configuration when the worker starts."""
+
+    async def open_deps() -> tuple[Deps, Park, Callable[[], Awaitable[None]]]:
+        queues = load_queues(queues_file)
+        db = await Database.open(dsn, max_size=pool_size, name="stovepipe-worker")
+        deps = Deps(db=db, queues=queues, extensions=Extensions(queues))
+        return deps, park_into(db), db.close
+
+    return open_deps

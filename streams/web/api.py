@@ -1,0 +1,368 @@
+"""The worker's HTTP surface (design §9): a JSON API, /health and the dashboard.
+
+`mount()` adds these to the Faust worker's aiohttp web server (next to /metrics):
+
+    POST /api/queues/{queue}/ingest      validate the queue's current head now
+    GET  /api/queues                     every configured queue at a glance
+    GET  /api/queues/{queue}             one queue: bookmark, promotion ref, slots, latest
+    GET  /api/queues/{queue}/requests    its recent Requests, newest first (?limit=1..100)
+    GET  /api/requests/{request_id}      a Request, its builds and its commit's fact
+    GET  /api/facts?queue=Q&uri=U        is this commit green? (no fact: not green)
+    GET  /api/dlq                        dead letters waiting for their reconcilers
+    GET  /health                         200 when started and the database answers
+    GET  /  and  /dashboard              the dashboard page (streams/dashboard/)
+
+Queue names and request ids contain '/'. Both may be written as they are or URL-encoded
+(`/api/queues/team%2Fmain`); a queue whose name itself ends in `/requests` or `/ingest`
+can only be named encoded.
+
+Every error is JSON `{"error": message}`, never a traceback: 400 malformed input, 401
+missing or wrong bearer token (POST only, and only when a token is configured), 404
+unknown queue, request or endpoint, 422 the queue's repository or ref does not exist, 502
+a dependency refused for good, 503 the worker is starting or a dependency (database,
+Kafka, repository) is unavailable or too slow, 500 anything else (logged by the worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import re
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import faust
+from aiohttp import web
+from faust.web import View
+
+from store import NotFound, StoreError
+from streams.config.queues import InvalidQueueName, UnknownQueue, validate_queue_name
+from streams.extensions.sourcecontrol import SourceControlError, UnknownRef
+from streams.runtime.classify import is_retryable
+from streams.runtime.stage import Delivery
+from streams.runtime.worker import RuntimeService
+from streams.stages.deps import Deps
+from streams.stages.ingest import ingest_head
+from streams.web import queries
+
+log = logging.getLogger("stovepipe.http")
+
+READ_DEADLINE = 5.0  # seconds a read may take before it answers 503
+INGEST_DEADLINE = 15.0  # an ingest also asks the repository and waits for Kafka's ack
+HEALTH_DEADLINE = 2.0
+DEFAULT_RECENT_LIMIT = 20
+DLQ_CACHE_SECONDS = 5.0
+DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
+DASHBOARD_ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+# The page loads only its own script and style and calls only this server.
+DASHBOARD_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; "
+                 "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
+                 "form-action 'none'; frame-ancestors 'none'")
+
+
+class ApiError(Exception):
+    """An answer other than success, with its status and a message for the caller."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def faust_settings() -> dict[str, Any]:
+    """Settings for the Faust app that serves this API: JSON errors everywhere, and none
+    of Faust's table and router pages (Stovepipe has no tables)."""
+    return {
+        "web_application_options": {"middlewares": [json_errors]},
+        "web_router_enabled": False,
+        "web_tables_enabled": False,
+    }
+
+
+def port_is_free(port: int, host: str = "") -> bool:
+    """Whether a server could listen on ``port`` now (as the web server will, with
+    SO_REUSEADDR, so a port in TIME_WAIT counts as free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+# --- errors -----------------------------------------------------------------------------
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(queries.jsonable(body), status=status, headers=headers,
+                             dumps=lambda value: json.dumps(value, sort_keys=True))
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return _json({"error": message}, status=status, headers=headers)
+
+
+def error_response(exc: Exception) -> web.Response:
+    """The one translation of a failure into an HTTP answer."""
+    if isinstance(exc, ApiError):
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return _error(exc.status, exc.message, headers)
+    if isinstance(exc, InvalidQueueName):
+        return _error(400, str(exc))
+    if isinstance(exc, UnknownQueue):
+        return _error(404, str(exc))
+    if isinstance(exc, NotFound):
+        return _error(404, str(exc))
+    if isinstance(exc, UnknownRef):
+        return _error(422, f"{exc} (fix the queue's source_control in the queue "
+                           f"configuration)")
+    if isinstance(exc, TimeoutError):
+        return _error(503, "a dependency (database, Kafka or the repository) did not "
+                           "answer in time; try again")
+    if is_retryable(exc):
+        return _error(503, f"temporarily unavailable, try again: {_describe(exc)}")
+    if isinstance(exc, SourceControlError):
+        return _error(502, f"the repository refused: {exc}")
+    if isinstance(exc, StoreError):
+        return _error(500, f"the store refused: {exc}")
+    log.error("http_internal_error error=%r", exc, exc_info=exc)
+    return _error(500, "internal error; the worker's log has the details")
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+@web.middleware
+async def json_errors(request: web.Request,
+                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                      ) -> web.StreamResponse:
+    """Whatever a handler raises becomes a JSON answer; so does aiohttp's own 404/405
+    under /api, so an API caller always gets `{"error": ...}`."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or not _is_api(request.path):
+            raise
+        if exc.status == 404:
+            return _error(404, f"no such endpoint: {request.method} {request.path}; the "
+                               f"API has {', '.join(_ENDPOINTS)}")
+        allow = exc.headers.get("Allow")
+        return _error(exc.status, exc.reason, {"Allow": allow} if allow else None)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - never a traceback in a response
+        return error_response(exc)
+
+
+def _is_api(path: str) -> bool:
+    return path.startswith("/api/") or path in ("/api", "/health")
+
+
+# --- the API ----------------------------------------------------------------------------
+
+
+class Api:
+    """The handlers; each returns a response or raises (see `error_response`)."""
+
+    def __init__(self, runtime: RuntimeService[Deps], *, api_token: str | None,
+                 dead_letters: queries.DeadLetterDepths) -> None:
+        self.runtime = runtime
+        self.api_token = api_token or None
+        self.dead_letters = dead_letters
+        self._assets: dict[str, bytes] = {}
+
+    def _delivery(self) -> Delivery[Deps]:
+        delivery = self.runtime.delivery
+        if delivery is None or not self.runtime.ready.is_set():
+            raise ApiError(503, "the worker is starting; try again in a moment")
+        return delivery
+
+    def _require_token(self, request: web.Request) -> None:
+        if self.api_token is None:
+            return
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise ApiError(401, "this endpoint needs 'Authorization: Bearer <token>' (the "
+                                "worker's --api-token or STOVEPIPE_API_TOKEN)")
+        if not hmac.compare_digest(given.strip().encode(), self.api_token.encode()):
+            raise ApiError(401, "wrong API token")
+
+    async def ingest(self, request: web.Request, queue: str) -> web.Response:
+        self._require_token(request)
+        delivery = self._delivery()
+        async with asyncio.timeout(INGEST_DEADLINE):
+            done = await ingest_head(delivery.deps, queue, delivery.publish)
+        log.info("http_ingest queue=%s request_id=%s new=%s", queue, done.request_id,
+                 done.new)
+        return _json({"queue": done.queue, "request_id": done.request_id, "new": done.new},
+                     status=201 if done.new else 200)
+
+    async def queues(self, request: web.Request) -> web.Response:
+        deps = self._delivery().deps
+        async with asyncio.timeout(READ_DEADLINE):
+            overviews = [await queries.queue_overview(deps, name)
+                         for name in deps.queues.names()]
+        return _json({"queues": overviews})
+
+    async def queue(self, request: web.Request, queue: str) -> web.Response:
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        async with asyncio.timeout(READ_DEADLINE):
+            return _json(await queries.queue_overview(deps, queue))
+
+    async def queue_requests(self, request: web.Request, queue: str) -> web.Response:
+        limit = _int_param(request, "limit", DEFAULT_RECENT_LIMIT, 1,
+                           queries.MAX_RECENT_REQUESTS)
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        deps.queue_config(queue)
+        async with asyncio.timeout(READ_DEADLINE):
+            recent = await queries.recent_requests(deps.db, queue, limit)
+        return _json({"queue": queue, "requests": [
+            {"request": r.request, "fact": r.fact, "green": r.green} for r in recent]})
+
+    async def request(self, request: web.Request, request_id: str) -> web.Response:
+        try:
+            queries.parse_request_path(request_id)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        deps = self._delivery().deps
+        async with asyncio.timeout(READ_DEADLINE):
+            try:
+                detail = await queries.request_detail(deps.db, request_id)
+            except NotFound:
+                raise ApiError(404, f"no request {request_id!r}") from None
+        return _json({"request": detail.request, "builds": detail.builds,
+                      "fact": detail.fact, "green": detail.green})
+
+    async def fact(self, request: web.Request) -> web.Response:
+        queue = _required_param(request, "queue")
+        uri = _required_param(request, "uri")
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        body: dict[str, Any] = {"queue": queue, "uri": uri}
+        try:
+            deps.queue_config(queue)
+        except UnknownQueue as exc:  # still not green, and say why
+            body["note"] = str(exc)
+        async with asyncio.timeout(READ_DEADLINE):
+            fact = await queries.fact_or_none(deps.db, queue, uri)
+        return _json({**body, "green": fact is not None and fact.is_green, "fact": fact})
+
+    async def dlq(self, request: web.Request) -> web.Response:
+        report = await self.dead_letters.report()
+        body = {"group": report.group, "measured_at": report.measured_at,
+                "topics": report.topics, "total": report.total, "error": report.error}
+        return _json(body, status=503 if report.error else 200)
+
+    async def health(self, request: web.Request) -> web.Response:
+        started = self.runtime.ready.is_set() and self.runtime.delivery is not None
+        body: dict[str, Any] = {"runtime": "started" if started else "starting",
+                                "database": "not checked"}
+        if started:
+            assert self.runtime.delivery is not None
+            try:
+                async with asyncio.timeout(HEALTH_DEADLINE):
+                    await queries.database_answers(self.runtime.delivery.deps.db)
+                body["database"] = "ok"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - health reports, it never raises
+                body["database"] = (f"no answer within {HEALTH_DEADLINE:g}s"
+                                    if isinstance(exc, TimeoutError) else _describe(exc))
+        healthy = started and body["database"] == "ok"
+        body["status"] = "ok" if healthy else "unavailable"
+        return _json(body, status=200 if healthy else 503)
+
+    async def dashboard(self, request: web.Request) -> web.Response:
+        return await self._asset("index.html", "text/html")
+
+    async def dashboard_asset(self, request: web.Request, asset: str) -> web.Response:
+        if asset not in DASHBOARD_ASSETS:
+            raise web.HTTPNotFound()
+        return await self._asset(asset, DASHBOARD_ASSETS[asset])
+
+    async def _asset(self, name: str, content_type: str) -> web.Response:
+        if name not in self._assets:
+            try:
+                self._assets[name] = await asyncio.to_thread((DASHBOARD_DIR / name).read_bytes)
+            except OSError:
+                log.error("dashboard_asset_missing path=%s", DASHBOARD_DIR / name)
+                return web.Response(status=500, text=f"dashboard asset {name} is missing "
+                                                     f"from this installation")
+        return web.Response(body=self._assets[name], content_type=content_type,
+                            charset="utf-8", headers={"Content-Security-Policy": DASHBOARD_CSP,
+                                                      "Cache-Control": "no-cache"})
+
+
+def _required_param(request: web.Request, name: str) -> str:
+    value = request.query.get(name, "")
+    if not value:
+        raise ApiError(400, f"missing query parameter {name!r}, e.g. "
+                            f"/api/facts?queue=monorepo/main&uri=<commit uri>")
+    return value
+
+
+def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+        raise ApiError(400, f"query parameter {name!r} must be an integer from {low} to "
+                            f"{high}, got {raw!r}")
+    return int(raw)
+
+
+# --- mounting ---------------------------------------------------------------------------
+
+# Registration order matters where patterns overlap: the `/ingest` and `/requests`
+# routes are tried before the plain queue route, whose name may contain '/'.
+_ROUTES: tuple[tuple[str, str, str], ...] = (
+    ("post", "/api/queues/{queue:.+}/ingest", "ingest"),
+    ("get", "/api/queues/{queue:.+}/requests", "queue_requests"),
+    ("get", "/api/queues/{queue:.+}", "queue"),
+    ("get", "/api/queues", "queues"),
+    ("get", "/api/requests/{request_id:.+}", "request"),
+    ("get", "/api/facts", "fact"),
+    ("get", "/api/dlq", "dlq"),
+    ("get", "/health", "health"),
+    ("get", "/", "dashboard"),
+    ("get", "/dashboard", "dashboard"),
+    ("get", "/dashboard/{asset}", "dashboard_asset"),
+)
+
+
+_PATH_REGEX = re.compile(r"{(\w+):[^}]*}")
+_ENDPOINTS = tuple(method.upper() + " " + _PATH_REGEX.sub(r"{\1}", path)
+                   for method, path, _ in _ROUTES if path.startswith("/api"))
+
+
+def mount(app: faust.App, runtime: RuntimeService[Deps], *, api_token: str | None) -> Api:
+    """Add the API, /health and the dashboard to ``app``'s web server. Call before the
+    app starts, on an app built with `faust_settings()`."""
+    config = runtime.config
+    dead_letters = queries.DeadLetterDepths(
+        bootstrap=config.bootstrap, group=config.app_id, ttl=DLQ_CACHE_SECONDS,
+        topics={key: route.dlq_topic for key, route in config.routes.items()
+                if route.dlq_topic})
+    api = Api(runtime, api_token=api_token, dead_letters=dead_letters)
+    for method, path, name in _ROUTES:
+        app.page(path, name=f"stovepipe.{name}.{method}.{path}")(
+            _view(method, getattr(api, name)))
+    return api
+
+
+def _view(method: str, handler: Callable[..., Awaitable[web.StreamResponse]]) -> type[View]:
+    """A Faust view answering ``method`` with ``handler(request, **path_parameters)``."""
+
+    async def answer(view: View, request: Any, **match: str) -> web.StreamResponse:
+        return await handler(request, **match)
+
+    return type(f"stovepipe_{handler.__name__}", (View,), {method: answer})

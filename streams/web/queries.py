@@ -1,0 +1,296 @@
+"""What callers outside the stages ask of the pipeline: the CLI, the HTTP API and the
+dashboard share these reads, so they all answer the same way. Every database read is a
+primary-key lookup; nothing scans a table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any, Protocol, runtime_checkable
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from store import (
+    Build,
+    Database,
+    NotFound,
+    Queue,
+    Request,
+    ValidationFact,
+    make_request_id,
+    parse_request_id,
+)
+from streams.config.queues import validate_queue_name
+from streams.stages.deps import Deps
+
+MAX_RECENT_REQUESTS = 100
+WATERMARK_ATTEMPTS = 5
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON data: entities become objects, times ISO 8601 strings."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+# --- requests and facts -----------------------------------------------------------------
+
+
+async def fact_or_none(db: Database, queue: str, uri: str) -> ValidationFact | None:
+    """The whole-repo fact for ``uri`` on ``queue``; None means not validated (not green)."""
+    try:
+        return await db.facts.get(queue, uri)
+    except NotFound:
+        return None
+
+
+@dataclass(frozen=True)
+class RequestDetail:
+    request: Request
+    builds: list[Build]
+    fact: ValidationFact | None  # the fact about the request's commit, whoever wrote it
+
+    @property
+    def green(self) -> bool:
+        return self.fact is not None and self.fact.is_green
+
+
+def parse_request_path(request_id: str) -> str:
+    """The queue of a `request/<queue>/<n>` id. ValueError (or its subclass
+    InvalidQueueName) naming the problem for anything else."""
+    queue, _ = parse_request_id(request_id)
+    validate_queue_name(queue)
+    return queue
+
+
+async def request_detail(db: Database, request_id: str) -> RequestDetail:
+    """The Request, its builds and its commit's fact. ValueError for a malformed id,
+    NotFound for an unknown one."""
+    queue = parse_request_path(request_id)
+    request = await db.requests.get(queue, request_id)
+    builds = await db.builds.list_for_request(queue, request_id)
+    return RequestDetail(request, builds, await fact_or_none(db, queue, request.uri))
+
+
+@dataclass(frozen=True)
+class RequestSummary:
+    request: Request
+    fact: ValidationFact | None
+
+    @property
+    def green(self) -> bool:
+        return self.fact is not None and self.fact.is_green
+
+
+async def recent_requests(db: Database, queue: str, limit: int) -> list[RequestSummary]:
+    """The queue's last ``limit`` Requests by ingest order, newest first, each with its
+    commit's fact.
+
+    Request ids are `request/<queue>/<n>` for n = 1 .. the queue's counter, with no gaps
+    (a counter value is drawn in the transaction that creates its Request), so the newest
+    ones are found by primary key from the counter down. Ordering by the text id would put
+    `…/9` after `…/10`. The lookups run one after another on purpose: the worker's stages
+    share this pool, and a dashboard must not take many connections at once.
+    """
+    if not 1 <= limit <= MAX_RECENT_REQUESTS:
+        raise ValueError(f"limit must be between 1 and {MAX_RECENT_REQUESTS}, got {limit}")
+    newest = await db.counters.current(queue)
+    found: list[RequestSummary] = []
+    for n in range(newest, max(newest - limit, 0), -1):
+        try:
+            request = await db.requests.get(queue, make_request_id(queue, n))
+        except NotFound:  # drawn by an ingest whose transaction is still open
+            continue
+        found.append(RequestSummary(request, await fact_or_none(db, queue, request.uri)))
+    return found
+
+
+# --- queues -----------------------------------------------------------------------------
+
+
+async def queue_state(db: Database, name: str) -> Queue | None:
+    """The queue's row; None before its first ingest."""
+    try:
+        return await db.queues.get(name)
+    except NotFound:
+        return None
+
+
+@runtime_checkable
+class PromotionTargetReader(Protocol):
+    """Optional SourceControl capability: where the promotion ref points now."""
+
+    async def promotion_target(self) -> str | None:
+        """The URI the promotion ref points at; None if it was never moved."""
+        ...
+
+
+@dataclass(frozen=True)
+class PromotionRef:
+    name: str
+    target: str | None  # None: not promoted yet, or the source control cannot tell
+    target_known: bool  # whether the source control was able to say
+
+
+@dataclass(frozen=True)
+class QueueOverview:
+    name: str
+    max_concurrent: int
+    ingested: bool  # False until the queue's first ingest creates its row
+    in_flight: int
+    last_green_uri: str | None
+    last_green_request_id: str | None
+    promotion_ref: PromotionRef | None  # None: the queue promotes nothing
+    latest_request: Request | None
+
+
+async def queue_overview(deps: Deps, name: str) -> QueueOverview:
+    """A configured queue at a glance. Raises InvalidQueueName, UnknownQueue."""
+    validate_queue_name(name)
+    config = deps.queue_config(name)
+    row = await queue_state(deps.db, name)
+    latest = None
+    if row is not None and row.latest_request_id is not None:
+        try:
+            latest = await deps.db.requests.get(name, row.latest_request_id)
+        except NotFound:  # impossible by construction; show the queue all the same
+            latest = None
+    return QueueOverview(
+        name=name,
+        max_concurrent=config.max_concurrent,
+        ingested=row is not None,
+        in_flight=row.in_flight_count if row else 0,
+        last_green_uri=row.last_green_uri if row else None,
+        last_green_request_id=row.last_green_request_id if row else None,
+        promotion_ref=await _promotion_ref(deps, name),
+        latest_request=latest,
+    )
+
+
+async def _promotion_ref(deps: Deps, name: str) -> PromotionRef | None:
+    ref_name = getattr(deps.queue_config(name).source_control, "promotion_ref", None)
+    if not ref_name:
+        return None
+    source_control = deps.extensions.source_control(name)
+    if isinstance(source_control, PromotionTargetReader):
+        return PromotionRef(ref_name, await source_control.promotion_target(), True)
+    return PromotionRef(ref_name, None, False)
+
+
+# --- health -----------------------------------------------------------------------------
+
+
+async def database_answers(db: Database) -> None:
+    """Returns when the database answers a trivial query; raises what the driver raised
+    otherwise. The caller bounds the wait."""
+    async with db.pool.connection() as conn:
+        await conn.execute("SELECT 1")
+
+
+# --- dead-letter topics -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeadLetterDepth:
+    stage: str  # the stage whose dead letters these are, e.g. "process"
+    topic: str
+    depth: int  # messages the reconciler (the workers' group) has not committed yet
+
+
+@dataclass(frozen=True)
+class DeadLetterReport:
+    group: str
+    measured_at: datetime
+    topics: list[DeadLetterDepth]
+    error: str | None = None  # set when Kafka did not answer; `topics` is then empty
+
+    @property
+    def total(self) -> int:
+        return sum(t.depth for t in self.topics)
+
+
+class DeadLetterDepths:
+    """How many dead letters wait for their reconciler, per `<key>_dlq` topic: the
+    messages past the consumer group's committed offset (from the low watermark where the
+    group never committed). Measured with confluent-kafka in a worker thread, at most once
+    per ``ttl`` seconds however many callers ask."""
+
+    def __init__(self, *, bootstrap: str, group: str, topics: Mapping[str, str],
+                 ttl: float = 5.0, timeout: float = 5.0) -> None:
+        self.bootstrap = bootstrap
+        self.group = group
+        self.topics = dict(topics)  # stage key -> dead-letter topic name
+        self.ttl = ttl
+        self.timeout = timeout
+        self._lock = asyncio.Lock()
+        self._cached: tuple[float, DeadLetterReport] | None = None
+
+    async def report(self) -> DeadLetterReport:
+        async with self._lock:
+            if self._cached is not None and time.monotonic() - self._cached[0] < self.ttl:
+                return self._cached[1]
+            try:
+                depths = await asyncio.to_thread(self._measure)
+                report = DeadLetterReport(self.group, datetime.now(UTC), depths)
+            except Exception as exc:  # noqa: BLE001 - reported to the caller, never raised
+                report = DeadLetterReport(self.group, datetime.now(UTC), [],
+                                          error=f"{type(exc).__name__}: {exc}")
+            self._cached = (time.monotonic(), report)
+            return report
+
+    def _measure(self) -> list[DeadLetterDepth]:
+
+        # Never subscribes, so it does not join the group: it only reads its offsets.
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group,
+                             "enable.auto.commit": False, "socket.timeout.ms": 5000})
+        try:
+            depths = []
+            for stage, topic in sorted(self.topics.items()):
+                metadata = consumer.list_topics(topic, timeout=self.timeout).topics[topic]
+                if metadata.error is not None:
+                    raise KafkaException(metadata.error)
+                partitions = [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
+                depth = 0
+                for tp in consumer.committed(partitions, timeout=self.timeout):
+                    low, high = self._watermarks(consumer, tp)
+                    position = tp.offset if tp.offset >= 0 else low
+                    depth += max(0, high - max(position, low))
+                depths.append(DeadLetterDepth(stage, topic, depth))
+            return depths
+        finally:
+            consumer.close()
+
+    def _watermarks(self, consumer: Any, tp: Any) -> tuple[int, int]:
+        """(low, high) of a partition. A leader that just moved is asked again: the
+        client refreshes its metadata in between."""
+
+        transient = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                     KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT,
+                     KafkaError._TRANSPORT}
+        for attempt in range(WATERMARK_ATTEMPTS):
+            try:
+                low, high = consumer.get_watermark_offsets(tp, timeout=self.timeout)
+                return int(low), int(high)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                again = isinstance(error, KafkaError) and (
+                    error.retriable() or error.code() in transient)
+                if not again or attempt == WATERMARK_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))  # in a worker thread, never on the loop
+        raise AssertionError("unreachable")
