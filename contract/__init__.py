@@ -14,8 +14,9 @@ Wire format. `marshal` writes compact UTF-8 JSON, fields in field-number order, 
 protojson does; so `ProcessRequest(id="r")` is `{"id":"r"}` and an absent field reads
 back as its default. `unmarshal` accepts both the proto names and the lowerCamel JSON
 names, ignores unknown fields (so producers can be upgraded first), and turns every
-malformed input into `MalformedPayload`. It checks shape only: an empty id is
-well-formed here and is the consuming stage's business.
+malformed input into `MalformedPayload`, as it does a payload over `MAX_PAYLOAD_BYTES`.
+It checks shape only: an empty id is well-formed here and is the consuming stage's
+business.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from contract.pb.messagequeue_pb2 import (
 
 __all__ = [
     "DLQ_SUFFIX",
+    "MAX_PAYLOAD_BYTES",
     "PAYLOAD_TYPES",
     "BuildRequest",
     "BuildSignal",
@@ -58,6 +60,10 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=Message)
+
+# Payloads carry ids only; anything larger is not one of ours. Refused before parsing, so a
+# hostile 1 MB message costs no JSON parse and never reaches a log line in full.
+MAX_PAYLOAD_BYTES = 16 * 1024
 
 DLQ_SUFFIX = "_dlq"
 
@@ -144,6 +150,9 @@ def unmarshal(data: bytes, cls: type[M]) -> M:
     have the right types; nothing else for bad input.
     """
     type_name = cls.DESCRIPTOR.full_name
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise MalformedPayload(type_name, f"{len(data)} bytes, over the limit of "
+                                          f"{MAX_PAYLOAD_BYTES} for a payload of ids")
     try:
         text = bytes(data).decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from store._base import Row, Store
-from store.entities import Build, BuildStatus
-from store.errors import AlreadyExists, AmbiguousKey, InvariantViolation, NotFound
+from store.entities import Build, BuildStatus, RequestState
+from store.errors import AlreadyExists, AmbiguousKey, InvariantViolation, NotFound, VersionMismatch
 
-_COLUMNS = "queue, id, request_id, status, version, created_at, updated_at"
+_COLUMNS = (
+    "queue, id, request_id, status, version, created_at, updated_at,"
+    " loop_token, EXTRACT(EPOCH FROM now() - loop_seen_at)::float8 AS loop_age,"
+    " EXTRACT(EPOCH FROM now() - created_at)::float8 AS age"
+)
 _VERSION = "SELECT version FROM build WHERE queue = %(queue)s AND id = %(id)s"
 _INSERT = (
-    "INSERT INTO build (queue, id, request_id) VALUES (%(queue)s, %(id)s, %(request_id)s)"
+    "INSERT INTO build (queue, id, request_id, loop_token)"
+    " VALUES (%(queue)s, %(id)s, %(request_id)s, %(loop_token)s)"
     f" ON CONFLICT (queue, id) DO NOTHING RETURNING {_COLUMNS}"
 )
 
@@ -46,25 +51,28 @@ class BuildStore(Store):
             raise AmbiguousKey(self.entity, {"id": build_id}, len(rows))
         return _build(rows[0])
 
-    async def create(self, queue: str, build_id: str, request_id: str) -> Build:
+    async def create(self, queue: str, build_id: str, request_id: str, *,
+                     loop_token: str = "") -> Build:
         """A new build in `accepted` for the request; AlreadyExists if the id is taken,
         NotFound if the request does not exist."""
         return _build(
             await self._insert(
                 _INSERT,
-                {"queue": queue, "id": build_id, "request_id": request_id},
+                {"queue": queue, "id": build_id, "request_id": request_id,
+                 "loop_token": loop_token},
                 key={"queue": queue, "id": build_id},
                 request_key={"queue": queue, "id": request_id},
             )
         )
 
-    async def get_or_create(self, queue: str, build_id: str, request_id: str) -> Build:
+    async def get_or_create(self, queue: str, build_id: str, request_id: str, *,
+                            loop_token: str = "") -> Build:
         """Like `create`, but an existing build of the same request is returned as is (a
         redelivered build message). AlreadyExists if the id belongs to another request."""
         key = {"queue": queue, "id": build_id}
         row = await self._fetch_one(
             _INSERT,
-            {**key, "request_id": request_id},
+            {**key, "request_id": request_id, "loop_token": loop_token},
             key=key,
             request_key={"queue": queue, "id": request_id},
         )
@@ -104,3 +112,51 @@ class BuildStore(Store):
                 expected_version=build.version,
             )
         )
+
+    async def claim_loop(self, build: Build, token: str) -> Build:
+        """Make ``token`` the build's poll loop, if the loop is still ``build``'s
+        (compare-and-set on the token; VersionMismatch when another loop took it first).
+        Marks the loop seen now, by the database's clock; the version is left alone."""
+        key = {"queue": build.queue, "id": build.id}
+        row = await self._fetch_one(
+            "UPDATE build SET loop_token = %(new)s, loop_seen_at = now()"
+            " WHERE queue = %(queue)s AND id = %(id)s AND loop_token = %(old)s"
+            f" RETURNING {_COLUMNS}",
+            {**key, "new": token, "old": build.loop_token},
+            key=key,
+        )
+        if row is None:
+            await self.get(build.queue, build.id)  # NotFound if it is gone
+            raise VersionMismatch(self.entity, key, expected_version=build.version,
+                                  actual_version=None)
+        return _build(row)
+
+    async def touch_loop(self, queue: str, build_id: str) -> None:
+        """Mark the build's poll loop seen now (the sweeper, after re-publishing it)."""
+        await self._fetch_one(
+            "UPDATE build SET loop_seen_at = now() WHERE queue = %(queue)s AND id = %(id)s"
+            " RETURNING id",
+            {"queue": queue, "id": build_id},
+            key={"queue": queue, "id": build_id},
+        )
+
+    async def list_unseen_live(self, older_than: float,
+                               limit: int) -> list[tuple[Build, RequestState]]:
+        """Builds not yet terminal whose poll loop was not seen for ``older_than``
+        seconds, with their Request's state, longest unseen first (the live-rows index:
+        never a scan of history)."""
+        rows = await self._fetch_all(
+            "SELECT b.queue, b.id, b.request_id, b.status, b.version, b.created_at,"
+            " b.updated_at, b.loop_token,"
+            " EXTRACT(EPOCH FROM now() - b.loop_seen_at)::float8 AS loop_age,"
+            " EXTRACT(EPOCH FROM now() - b.created_at)::float8 AS age,"
+            " r.state AS request_state"
+            " FROM build b JOIN request r ON r.queue = b.queue AND r.id = b.request_id"
+            " WHERE b.status IN ('accepted', 'running')"
+            " AND b.loop_seen_at < now() - make_interval(secs => %(age)s)"
+            " ORDER BY b.loop_seen_at LIMIT %(limit)s",
+            {"age": older_than, "limit": limit},
+            key={"status": "live"},
+        )
+        return [(_build({k: v for k, v in row.items() if k != "request_state"}),
+                 RequestState(row["request_state"])) for row in rows]

@@ -65,6 +65,12 @@ class _TransactionSource:
         yield self._conn
 
 
+# First halves of advisory lock keys ("STVQ", "STVS"); the second half hashes the schema
+# and the name, so deployments sharing a database server never wait for each other.
+_QUEUE_LOCK_NAMESPACE = 0x53545651
+_SINGLETON_LOCK_NAMESPACE = 0x53545653
+
+
 class Transaction(Stores):
     """The stores, bound to one connection inside one database transaction.
 
@@ -78,6 +84,19 @@ class Transaction(Stores):
         self._tx_source = _TransactionSource(conn)
         super().__init__(self._tx_source)
         self.connection = conn
+
+    @asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        """A nested transaction: the block's writes roll back alone when it raises."""
+        async with self.connection.transaction():
+            yield
+
+    async def lock_queue(self, queue: str) -> None:
+        """Wait for, then hold until this transaction ends, the queue's lock: writers that
+        must be ordered per queue (ingest) take it first."""
+        await self.connection.execute(
+            "SELECT pg_advisory_xact_lock(%s, hashtext(current_schema() || '/' || %s))",
+            (_QUEUE_LOCK_NAMESPACE, queue))
 
 
 class Database(Stores):
@@ -129,6 +148,19 @@ class Database(Stores):
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+    @asynccontextmanager
+    async def try_exclusive(self, name: str) -> AsyncIterator[bool]:
+        """Hold the lock ``name`` for the block if nobody else holds it; yields whether it
+        was taken. One holder at a time across every process using this schema: a
+        transaction-level advisory lock on a connection of its own, released when the
+        block ends or the connection dies (a crashed holder never keeps it)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            cursor = await conn.execute(
+                "SELECT pg_try_advisory_xact_lock(%s, hashtext(current_schema() || '/' || %s))",
+                (_SINGLETON_LOCK_NAMESPACE, name))
+            row = await cursor.fetchone()
+            yield bool(row and row[0])
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:

@@ -7,11 +7,13 @@ holding an entity means holding the version a write must still match.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
 REQUEST_ID_PREFIX = "request/"
+# field metadata: the pipeline's own bookkeeping, left out of what users are shown
+INTERNAL = {"internal": True}
 
 
 class RequestState(StrEnum):
@@ -130,6 +132,11 @@ class Request:
     version: int
     created_at: datetime
     updated_at: datetime
+    # the gate loop's token, and seconds since the loop was last seen by the database's
+    # clock (an observation of the moment it was read, so no part of equality): the
+    # pipeline's own bookkeeping, not shown to users (INTERNAL)
+    loop_token: str = field(default="", metadata=INTERNAL)
+    loop_age: float = field(default=0.0, compare=False, metadata=INTERNAL)
 
     @property
     def seq(self) -> int:
@@ -156,6 +163,11 @@ class Build:
     version: int
     created_at: datetime
     updated_at: datetime
+    # the poll loop's token; seconds since the loop was last seen and since the build was
+    # created, by the database's clock (observations, so no part of equality)
+    loop_token: str = field(default="", metadata=INTERNAL)
+    loop_age: float = field(default=0.0, compare=False, metadata=INTERNAL)
+    age: float = field(default=0.0, compare=False, metadata=INTERNAL)
 
 
 @dataclass(frozen=True, slots=True)

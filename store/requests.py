@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from store._base import Row, Store
 from store.entities import BuildStrategy, Request, RequestState, parse_request_id
-from store.errors import InvariantViolation
+from store.errors import InvariantViolation, VersionMismatch
 
-_COLUMNS = "queue, id, uri, state, build_strategy, base_uri, version, created_at, updated_at"
+_COLUMNS = (
+    "queue, id, uri, state, build_strategy, base_uri, version, created_at, updated_at,"
+    " loop_token, EXTRACT(EPOCH FROM now() - loop_seen_at)::float8 AS loop_age"
+)
 _VERSION = "SELECT version FROM request WHERE queue = %(queue)s AND id = %(id)s"
 
 
@@ -105,3 +108,58 @@ class RequestStore(Store):
                 expected_version=request.version,
             )
         )
+
+    async def claim_loop(self, request: Request, token: str) -> Request:
+        """Make ``token`` the Request's gate loop, if the loop is still ``request``'s
+        (compare-and-set on the token; VersionMismatch when another loop took it first).
+        Marks the loop seen now, by the database's clock; the version is left alone."""
+        key = {"queue": request.queue, "id": request.id}
+        row = await self._fetch_one(
+            "UPDATE request SET loop_token = %(new)s, loop_seen_at = now()"
+            " WHERE queue = %(queue)s AND id = %(id)s AND loop_token = %(old)s"
+            f" RETURNING {_COLUMNS}",
+            {**key, "new": token, "old": request.loop_token},
+            key=key,
+        )
+        if row is None:
+            await self.get(request.queue, request.id)  # NotFound if it is gone
+            raise VersionMismatch(self.entity, key, expected_version=request.version,
+                                  actual_version=None)
+        return _request(row)
+
+    async def touch_loop(self, queue: str, request_id: str) -> None:
+        """Mark the Request's loop seen now (the sweeper, after re-publishing it)."""
+        await self._fetch_one(
+            "UPDATE request SET loop_seen_at = now() WHERE queue = %(queue)s AND id = %(id)s"
+            " RETURNING id",
+            {"queue": queue, "id": request_id},
+            key={"queue": queue, "id": request_id},
+        )
+
+    async def list_unseen_accepted(self, older_than: float, limit: int) -> list[Request]:
+        """``accepted`` Requests whose gate loop was not seen for ``older_than`` seconds,
+        longest unseen first (the live-rows index: never a scan of history)."""
+        rows = await self._fetch_all(
+            f"SELECT {_COLUMNS} FROM request WHERE state = 'accepted'"
+            " AND loop_seen_at < now() - make_interval(secs => %(age)s)"
+            " ORDER BY loop_seen_at LIMIT %(limit)s",
+            {"age": older_than, "limit": limit},
+            key={"state": "accepted"},
+        )
+        return [_request(row) for row in rows]
+
+    async def list_processing_without_build(self, older_than: float,
+                                            limit: int) -> list[Request]:
+        """``processing`` Requests admitted more than ``older_than`` seconds ago that have
+        no build row yet (their BuildRequest may never have been sent)."""
+        rows = await self._fetch_all(
+            f"SELECT {_COLUMNS} FROM request r WHERE state = 'processing'"
+            " AND loop_seen_at < now() - make_interval(secs => %(age)s)"
+            " AND updated_at < now() - make_interval(secs => %(age)s)"
+            " AND NOT EXISTS (SELECT 1 FROM build b"
+            "                 WHERE b.queue = r.queue AND b.request_id = r.id)"
+            " ORDER BY loop_seen_at LIMIT %(limit)s",
+            {"age": older_than, "limit": limit},
+            key={"state": "processing"},
+        )
+        return [_request(row) for row in rows]

@@ -19,7 +19,11 @@ from google.protobuf.message import Message
 from contract import marshal
 from store.entities import BuildStatus
 from streams.extensions.buildrunner import BuildReport, BuildRunnerError
-from streams.extensions.sourcecontrol import CommitNotFound, SourceControlError
+from streams.extensions.sourcecontrol import (
+    CommitNotFound,
+    PromotionMoved,
+    SourceControlError,
+)
 from streams.runtime.stage import PublishFailed
 
 # --- injected faults: the only failures the model expects a handler to report ---------------
@@ -59,7 +63,7 @@ class ModelViolation(AssertionError):
 
 STORE_WRITES = frozenset({"transition", "take_slot", "release_slot", "advance_bookmark",
                           "set_latest_request", "create", "get_or_create", "set_status",
-                          "next"})
+                          "next", "claim_loop"})
 
 
 class CrashWindows:
@@ -233,9 +237,14 @@ class MemoryRepo:
             sha = self.parents[sha]
         return False
 
-    async def promote(self, uri: str) -> None:
+    async def promotion_target(self) -> str | None:
+        return self.promoted
+
+    async def promote(self, uri: str, *, expected: str | None) -> None:
         self._fault("promote")
         self._sha(uri)
+        if self.promoted != expected:
+            raise PromotionMoved(f"the promotion ref is at {self.promoted}, not {expected}")
         if not self.on_ref(uri):
             raise CommitNotFound(f"{uri} is not on the ref any more")
         if self.on_promote is not None:
@@ -347,6 +356,10 @@ class Pending:
     value: bytes
     attempt: int
     serial: int
+    origin: str = ""  # where the delivery a retry retries began; "" for a new message
+
+    def __post_init__(self) -> None:
+        self.origin = self.origin or f"0:{self.serial}"
 
 
 class Bus:
@@ -358,8 +371,8 @@ class Bus:
         self.fail_next_publish = False
         self._serial = itertools.count()
 
-    def add(self, key: str, value: bytes, attempt: int = 0) -> None:
-        self.pending.append(Pending(key, value, attempt, next(self._serial)))
+    def add(self, key: str, value: bytes, attempt: int = 0, *, origin: str = "") -> None:
+        self.pending.append(Pending(key, value, attempt, next(self._serial), origin))
 
     async def publish(self, key: str, payload: Message) -> None:
         if self.fail_next_publish:

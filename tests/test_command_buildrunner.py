@@ -19,7 +19,8 @@ import pytest
 from store.entities import BuildStatus
 from streams.extensions.buildrunner import BuildReport, BuildRunner, BuildRunnerError
 from streams.extensions.buildrunner.command import ACTIVE_DIR, CHECKOUT, CommandBuildRunner
-from streams.extensions.sourcecontrol.gitrepo import GIT_LOCATION_VARIABLES, git_uri
+from streams.extensions.sourcecontrol.gitrepo import GIT_LOCATION_VARIABLES
+from streams.extensions.sourcecontrol.gituri import git_uri
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -82,7 +82,7 @@ def test_behaviours_are_read_from_tokens() -> None:
     assert Behaviour.of(head("c7-queued2-slow3-fail")) == Behaviour(fail=True, queued=2,
                                                                      slow=3)
     assert Behaviour.of(head("x-slow0.25")).slow == 0.25
-    assert Behaviour.of(head("x-hang")).finishes_after == float("inf")
+    assert Behaviour.of(head("x-hang")).finishes_after() == float("inf")
     assert Behaviour.of(head("slow-queued-failx")) == Behaviour()  # no N, no effect
 
 

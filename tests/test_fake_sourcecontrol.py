@@ -9,6 +9,7 @@ import sys
 import textwrap
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,12 @@ from streams.extensions.sourcecontrol import (
 from streams.extensions.sourcecontrol.fake import FakeRepo, FakeSourceControl, fake_uri
 
 REPO = "demo"
+
+async def _promote(sc: Any, uri: str) -> None:
+    """Promote ``uri`` from wherever the promotion ref is now (the compare-and-set's
+    expected value read first, as the record stage does)."""
+    await sc.promote(uri, expected=await sc.promotion_target())
+
 
 
 @pytest.fixture
@@ -126,7 +133,7 @@ def test_injected_ancestry_faults(repo: FakeRepo, path: Path, token: str,
         assert info.value.retryable is retryable
         assert not isinstance(info.value, CommitNotFound)
     assert asyncio.run(sc.is_ancestor(uri("a1"), uri("a3")))  # walking past it is fine
-    asyncio.run(sc.promote(uri(f"c7-{token}")))
+    asyncio.run(_promote(sc, uri(f"c7-{token}")))
 
 
 def test_force_push_abandons_the_old_head(repo: FakeRepo, path: Path) -> None:
@@ -140,7 +147,7 @@ def test_force_push_abandons_the_old_head(repo: FakeRepo, path: Path) -> None:
         assert not await sc.is_ancestor(uri("old"), uri("new"))
         assert await sc.is_ancestor(uri("a1"), uri("new"))
         with pytest.raises(CommitNotFound, match="not on demo/main"):
-            await sc.promote(uri("old"))
+            await _promote(sc, uri("old"))
         assert await sc.is_ancestor(uri("a2"), uri("old"))  # still a commit, off the ref
 
     asyncio.run(check())
@@ -157,30 +164,30 @@ def test_promotion_moves_the_promotion_ref(repo: FakeRepo, path: Path) -> None:
     repo.push("main", "a1", "a2", "a3")
     sc = source(path)
     assert repo.promoted("verified") is None
-    asyncio.run(sc.promote(uri("a2")))
+    asyncio.run(_promote(sc, uri("a2")))
     assert repo.promoted("verified") == "a2"
-    asyncio.run(sc.promote(uri("a2")))  # idempotent
+    asyncio.run(_promote(sc, uri("a2")))  # idempotent
     assert repo.promoted("verified") == "a2"
-    asyncio.run(sc.promote(uri("a3")))
+    asyncio.run(_promote(sc, uri("a3")))
     assert repo.promoted("verified") == "a3"
     assert repo.head("main") == "a3"  # the validated ref itself never moves
     with pytest.raises(CommitNotFound):
-        asyncio.run(sc.promote(uri("ghost")))
+        asyncio.run(_promote(sc, uri("ghost")))
     with pytest.raises(UnknownRef):
-        asyncio.run(source(path, ref="release").promote(uri("a1")))
+        asyncio.run(_promote(source(path, ref="release"), uri("a1")))
 
 
 def test_without_a_promotion_ref_promote_does_nothing(repo: FakeRepo, path: Path) -> None:
     repo.push("main", "a1")
     before = path.read_bytes()
-    asyncio.run(source(path, promotion_ref=None).promote(uri("a1")))
-    asyncio.run(source(path, promotion_ref=None).promote(uri("anything")))
+    asyncio.run(_promote(source(path, promotion_ref=None), uri("a1")))
+    asyncio.run(_promote(source(path, promotion_ref=None), uri("anything")))
     assert path.read_bytes() == before
 
 
 def test_promote_without_a_file_is_unknown_ref(path: Path) -> None:
     with pytest.raises(UnknownRef):
-        asyncio.run(source(path).promote(uri("a1")))
+        asyncio.run(_promote(source(path), uri("a1")))
     assert not path.exists()
 
 
@@ -208,7 +215,7 @@ def test_naive_or_missing_times_in_a_hand_written_file(path: Path) -> None:
     with pytest.raises(SourceControlError, match="no valid 'time'") as info:
         asyncio.run(sc.commit_time(uri("a2")))
     assert not info.value.retryable
-    asyncio.run(sc.promote(uri("a1")))  # a file without "promoted" gains it
+    asyncio.run(_promote(sc, uri("a1")))  # a file without "promoted" gains it
     assert FakeRepo(path).promoted("verified") == "a1"
 
 
@@ -245,7 +252,7 @@ def test_a_ref_with_slashes(repo: FakeRepo, path: Path) -> None:
     head = asyncio.run(sc.head())
     assert head == "fake://demo/release/1.0/r2"
     assert asyncio.run(sc.is_ancestor(uri("r1", ref="release/1.0"), head))
-    asyncio.run(sc.promote(head))
+    asyncio.run(_promote(sc, head))
     assert repo.promoted("verified/1.0") == "r2"
 
 
@@ -264,7 +271,7 @@ def test_another_process_pushes_and_this_one_sees_it(repo: FakeRepo, path: Path)
     assert asyncio.run(sc.head()) == uri("b1")
     assert not asyncio.run(sc.is_ancestor(uri("a3"), uri("b1")))
     with pytest.raises(CommitNotFound):
-        asyncio.run(sc.promote(uri("a3")))
+        asyncio.run(_promote(sc, uri("a3")))
 
 
 def test_concurrent_writers_from_many_processes_lose_nothing(repo: FakeRepo,

@@ -21,16 +21,23 @@ from streams.extensions.sourcecontrol import (
     UnknownRef,
 )
 from streams.extensions.sourcecontrol.git import GitSourceControl
-from streams.extensions.sourcecontrol.gitrepo import (
-    GIT_LOCATION_VARIABLES,
+from streams.extensions.sourcecontrol.gitrepo import GIT_LOCATION_VARIABLES
+from streams.extensions.sourcecontrol.gituri import (
     cache_name,
     check_branch_name,
     git_uri,
     is_remote_url,
     parse_uri,
+    repository_identity,
 )
 
 T = TypeVar("T")
+
+async def _promote(sc: Any, uri: str) -> None:
+    """Promote ``uri`` from wherever the promotion ref is now (the compare-and-set's
+    expected value read first, as the record stage does)."""
+    await sc.promote(uri, expected=await sc.promotion_target())
+
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -166,11 +173,11 @@ def test_promotion_moves_the_promotion_ref(origin: Origin, tmp_path: Path) -> No
     sc = source_control(origin, tmp_path)
     c1 = origin.commit("c1")
     c2 = origin.commit("c2")
-    run(sc.promote(origin.uri(c2)))
+    run(_promote(sc, origin.uri(c2)))
     assert origin.rev("verified-main") == c2
-    run(sc.promote(origin.uri(c2)))  # idempotent
+    run(_promote(sc, origin.uri(c2)))  # idempotent
     assert origin.rev("verified-main") == c2
-    run(sc.promote(origin.uri(c1)))  # an older commit still on the ref may be promoted
+    run(_promote(sc, origin.uri(c1)))  # an older commit still on the ref may be promoted
     assert origin.rev("verified-main") == c1
     assert origin.rev("main") == c2  # the validated ref is never touched
 
@@ -178,7 +185,7 @@ def test_promotion_moves_the_promotion_ref(origin: Origin, tmp_path: Path) -> No
 def test_without_a_promotion_ref_promote_does_nothing(origin: Origin, tmp_path: Path) -> None:
     sc = source_control(origin, tmp_path, promotion_ref=None)
     sha = origin.commit("c1")
-    run(sc.promote(origin.uri(sha)))
+    run(_promote(sc, origin.uri(sha)))
     assert origin.rev("verified-main") is None
 
 
@@ -186,15 +193,15 @@ def test_a_force_push_takes_old_commits_off_the_ref(origin: Origin, tmp_path: Pa
     sc = source_control(origin, tmp_path)
     c1 = origin.commit("c1")
     old = origin.commit("c2")
-    run(sc.promote(origin.uri(old)))
+    run(_promote(sc, origin.uri(old)))
     new = origin.rewrite(c1, "c2 rewritten")
     assert run(sc.head()) == origin.uri(new)
     assert not run(sc.is_ancestor(origin.uri(old), origin.uri(new)))
     assert run(sc.is_ancestor(origin.uri(c1), origin.uri(new)))
     with pytest.raises(CommitNotFound, match="not on 'main'"):
-        run(sc.promote(origin.uri(old)))
+        run(_promote(sc, origin.uri(old)))
     assert origin.rev("verified-main") == old  # left as it was
-    run(sc.promote(origin.uri(new)))
+    run(_promote(sc, origin.uri(new)))
     assert origin.rev("verified-main") == new  # moved off the abandoned commit (forced)
 
 
@@ -247,7 +254,7 @@ def test_promoting_when_the_ref_is_gone_is_commit_not_found(origin: Origin,
     origin.publish()
     git(origin.store, "update-ref", "-d", "refs/heads/main")
     with pytest.raises(CommitNotFound, match="not promoting"):
-        run(sc.promote(origin.uri(sha)))
+        run(_promote(sc, origin.uri(sha)))
 
 
 def test_uris_that_name_no_commit_here(origin: Origin, tmp_path: Path) -> None:
@@ -264,7 +271,7 @@ def test_uris_that_name_no_commit_here(origin: Origin, tmp_path: Path) -> None:
         with pytest.raises(CommitNotFound):
             run(sc.commit_time(uri))
         with pytest.raises(CommitNotFound):
-            run(sc.promote(uri))
+            run(_promote(sc, uri))
     assert origin.rev("verified-main") is None
 
 
@@ -293,7 +300,7 @@ def test_a_local_repository_is_used_in_place(tmp_path: Path) -> None:
     sc = source_control(origin, tmp_path)
     assert sc.push is False and sc.repo.cache_path is None
     sha = origin.commit("c1")
-    run(sc.promote(origin.uri(sha)))
+    run(_promote(sc, origin.uri(sha)))
     assert origin.rev("verified-main") == sha
     assert not (tmp_path / "cache").exists()
 
@@ -302,7 +309,7 @@ def test_a_local_repository_may_be_pushed_to(tmp_path: Path) -> None:
     origin = Origin(tmp_path, remote=False)
     sc = source_control(origin, tmp_path, push=True)
     sha = origin.commit("c1")
-    run(sc.promote(origin.uri(sha)))
+    run(_promote(sc, origin.uri(sha)))
     assert origin.rev("verified-main") == sha
 
 
@@ -311,7 +318,7 @@ def test_a_local_bare_repository_by_path(tmp_path: Path) -> None:
     sha = origin.commit("c1")
     sc = GitSourceControl(str(origin.store), "main", "verified-main")  # path, not URL
     assert run(sc.head()) == git_uri(str(origin.store), "main", sha)
-    run(sc.promote(run(sc.head())))
+    run(_promote(sc, run(sc.head())))
     assert origin.rev("verified-main") == sha
 
 
@@ -320,7 +327,7 @@ def test_a_remote_is_read_through_its_cache_and_pushed_to(tmp_path: Path) -> Non
     sc = source_control(origin, tmp_path)
     assert sc.push is True
     sha = origin.commit("c1")
-    run(sc.promote(run(sc.head())))
+    run(_promote(sc, run(sc.head())))
     assert origin.rev("verified-main") == sha  # on the remote
     cache = tmp_path / "cache" / cache_name(origin.repository)
     assert sc.repo.cache_path == cache
@@ -332,7 +339,7 @@ def test_a_remote_without_push_keeps_the_promotion_in_its_cache(tmp_path: Path) 
     origin = Origin(tmp_path, remote=True)
     sc = source_control(origin, tmp_path, push=False)
     sha = origin.commit("c1")
-    run(sc.promote(origin.uri(sha)))
+    run(_promote(sc, origin.uri(sha)))
     assert origin.rev("verified-main") is None
     cache = tmp_path / "cache" / cache_name(origin.repository)
     assert git(cache, "rev-parse", "refs/heads/verified-main") == sha
@@ -360,10 +367,25 @@ def test_workers_share_a_cache(tmp_path: Path) -> None:
 
 def test_uris_round_trip() -> None:
     sha = "a" * 40
-    for repository in ("/srv/git/mono", "https://example.com/a#b/mono.git",
+    for repository in ("/srv/git/mono", "/srv/a#b/mono.git", "ssh://git@host/a#b/mono.git",
                        "git@github.com:acme/mono.git", "file:///tmp/x@y/origin.git"):
         commit = parse_uri(git_uri(repository, "release/1.x", sha))
         assert (commit.repository, commit.ref, commit.sha) == (repository, "release/1.x", sha)
+
+
+def test_uris_name_a_repository_without_its_credentials() -> None:
+    sha = "c" * 40
+    for written, identity in (
+            ("https://user:s3cret@example.com/mono.git", "https://example.com/mono.git"),
+            ("https://t0ken@example.com/mono.git?access_token=x#frag",
+             "https://example.com/mono.git"),
+            ("ssh://git:s3cret@example.com/mono.git", "ssh://git@example.com/mono.git")):
+        uri = git_uri(written, "main", sha)
+        assert "s3cret" not in uri and "t0ken" not in uri and "access_token" not in uri
+        assert parse_uri(uri).repository == identity == repository_identity(written)
+        # another credential for the same repository: the same URI
+        rotated = written.replace("s3cret", "n3w").replace("t0ken", "n3w")
+        assert git_uri(rotated, "main", sha) == uri
     assert parse_uri(git_uri("/r", "main", "b" * 64)).sha == "b" * 64  # sha-256 repos
 
 

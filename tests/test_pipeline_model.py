@@ -28,16 +28,16 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from contract import BuildSignal, payload_type, unmarshal
+from contract import BuildSignal, marshal, payload_type, unmarshal
 from store import BuildStatus, Database, NotFound, RequestState, request_seq
 from streams.runtime import Hold, NonRetryable, Retryable
 from streams.runtime import headers as h
 from streams.runtime.classify import outcome_of_exception
-from streams.runtime.policy import Commit, DeadLetter, Redeliver, Retry, decide
+from streams.runtime.policy import Commit, DeadLetter, ParkMessage, Redeliver, Retry, decide
 from streams.runtime.stage import Context, Incoming
 from streams.stages.build import handle_build
 from streams.stages.buildsignal import handle_buildsignal
-from streams.stages.deps import Deps, PollLoops
+from streams.stages.deps import Deps
 from streams.stages.ingest import ingest_queue
 from streams.stages.process import handle_process
 from streams.stages.reconcile import (
@@ -125,15 +125,13 @@ class Model:
             extensions=MemoryExtensions(  # type: ignore[arg-type]
                 {q.name: q.repo for q in self.queues.values()},
                 {q.name: q.runner for q in self.queues.values()}),
-            # the model redelivers holds at once (it has no clock), so the poll-loop
-            # dedup, which relies on holds never being early, must not judge them
-            poll_loops=_NoPollLoopDedup(),
         )
         self.facts: dict[tuple[str, str, str], tuple[Any, ...]] = {}
         self.request_seen: dict[str, tuple[RequestState, Any, Any]] = {}
         self.build_terminal: dict[str, BuildStatus] = {}
         self.queue_rows: dict[str, tuple[Any, ...]] = {}
         self.outcomes: Counter[str] = Counter()
+        self.parked: list[str] = []
         self.trace: list[str] = []
 
     # -- the run ---------------------------------------------------------------------------
@@ -145,6 +143,7 @@ class Model:
             await self.check()
         await self.drain()
         await self.check(final=True)
+        assert not self.parked, f"parked with no cause: {self.parked}\n{self._trace_tail()}"
         for name in self.outcomes:
             event(f"outcome {name}")
 
@@ -287,9 +286,11 @@ class Model:
         payload = unmarshal(msg.value, payload_type(msg.key.removesuffix("_dlq")))
         ctx = Context(
             stage=msg.key,
+            # a retry carries where its delivery began, as the runtime's do
             message=Incoming(topic=msg.key, partition=0, offset=msg.serial, key=None,
                              value=msg.value,
-                             headers=[(h.ATTEMPT, str(msg.attempt).encode())]),
+                             headers=[(h.ATTEMPT, str(msg.attempt).encode()),
+                                      (h.ORIGIN, msg.origin.encode())]),
             publish=self.bus.publish,
             deps=self.deps,
             log=logging.LoggerAdapter(log, {"stage": msg.key}),
@@ -318,11 +319,18 @@ class Model:
         match action:
             case Commit():
                 pass
+            case Redeliver(attempt=attempt) if isinstance(outcome, Hold):
+                # a hold is a new turn, carrying the payload the handler gave it
+                value = marshal(outcome.payload) if outcome.payload is not None else msg.value
+                self.bus.add(msg.key, value, attempt)
             case Redeliver(attempt=attempt):
-                self.bus.add(msg.key, msg.value, attempt)
+                self.bus.add(msg.key, msg.value, attempt, origin=msg.origin)
             case DeadLetter():
                 assert not reconciler
                 self.bus.add(f"{msg.key}_dlq", msg.value, 0)
+            case ParkMessage():
+                assert reconciler
+                self.parked.append(self._describe(msg))
 
     def _check_hold(self, msg: Pending, payload: Any, hold: Hold) -> None:
         knobs = self.queues[payload.queue_name].knobs
@@ -439,8 +447,11 @@ class Model:
             if status.is_terminal:
                 first = self.build_terminal.setdefault(bid, status)
                 assert first is status, f"build {bid}: terminal {first} became {status}"
+                # (cancelled: stopped because its Request ended without it; failed: the
+                # poll deadline stopped it)
                 assert status in fake.reported or (
-                    status is BuildStatus.FAILED and fake.cancel_calls), \
+                    status in (BuildStatus.FAILED, BuildStatus.CANCELLED)
+                    and fake.cancel_calls), \
                     f"build {bid} stored {status}, the runner reported {fake.reported}"
 
         # 7. never green without a green build; facts agree with their Request
@@ -533,8 +544,3 @@ def test_truncate_of_facts_is_refused(migrated_dsn: str) -> None:
     with psycopg.connect(migrated_dsn, autocommit=True) as conn, \
             pytest.raises(psycopg.errors.IntegrityConstraintViolation):
         conn.execute("TRUNCATE validation_fact CASCADE")
-
-
-class _NoPollLoopDedup(PollLoops):
-    def is_duplicate(self, build_id: str) -> bool:
-        return False

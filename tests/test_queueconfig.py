@@ -41,6 +41,12 @@ FAKE_BR = {"kind": "fake"}
 GIT_SC = {"kind": "git", "repository": "monorepo", "ref": "main"}
 COMMAND_BR = {"kind": "command", "command": "make test"}
 
+async def _promote(sc: Any, uri: str) -> None:
+    """Promote ``uri`` from wherever the promotion ref is now (the compare-and-set's
+    expected value read first, as the record stage does)."""
+    await sc.promote(uri, expected=await sc.promotion_target())
+
+
 
 def _write(tmp_path: Path, doc: Any, name: str = "queues.yaml") -> Path:
     path = tmp_path / name
@@ -300,7 +306,7 @@ def test_the_made_source_control_reads_the_configured_file(tmp_path: Path) -> No
     sc = make_source_control(queue)
     head = asyncio.run(sc.head())
     assert head == FakeRepo.uri("demo", "main", "a1")
-    asyncio.run(sc.promote(head))
+    asyncio.run(_promote(sc, head))
     assert repo.promoted("verified") == "a1"
     assert isinstance(make_build_runner(queue), FakeBuildRunner)
 
@@ -491,7 +497,7 @@ def test_a_git_queue_validates_a_real_commit(tmp_path: Path) -> None:
     wait_until(lambda: asyncio.run(runner.status(build_id)).status.is_terminal, timeout=30,
                what="the build")
     assert asyncio.run(runner.status(build_id)).status is BuildStatus.SUCCEEDED
-    asyncio.run(source_control.promote(head))
+    asyncio.run(_promote(source_control, head))
     assert git("rev-parse", "verified-main") == git("rev-parse", "main")
 
 

@@ -146,8 +146,26 @@ def test_reconciler_retries_until_success_and_never_dead_letters(
     produce_process(kafka_bootstrap, topics, ["recon:4:a"], topic=dlq)
     rows = _wait_sink(migrated_dsn, worker, {"recon:4:a"})
     assert rows["recon:4:a"]["stage"] == "process_dlq"
-    assert rows["recon:4:a"]["attempt"] == 4  # failed 4 times (non-retryable!), then won
+    assert rows["recon:4:a"]["attempt"] == 4  # failed 4 times (more than park_after), then won
     assert not [t for t in topics.all_topics() if t.full_name.endswith("_dlq_dlq")]
+
+
+def test_reconciler_parks_what_fails_for_good_after_park_after_attempts(
+        kafka_bootstrap: str, migrated_dsn: str, topics: TopicsConfig,
+        worker: RuntimeWorker) -> None:
+    dlq = topics.dead_letter("process").full_name
+    produce_process(kafka_bootstrap, topics, ["reconfatal:x"], topic=dlq)
+    produce_process(kafka_bootstrap, topics, ["recon:0:after"], topic=dlq)
+    _wait_sink(migrated_dsn, worker, {"recon:0:after"})
+
+    def parked() -> list[tuple[str, str]]:
+        with psycopg.connect(migrated_dsn) as conn:
+            return conn.execute("SELECT topic, error FROM parked_message").fetchall()
+
+    wait_until(lambda: len(parked()) == 1, timeout=60, what="the message parked")
+    [(topic, error)] = parked()
+    assert topic == dlq
+    assert error == "after 3 attempt(s): Boom: reconciler attempt 2 fails for good"
 
 
 def test_reconciler_parks_undecodable_and_goes_on(kafka_bootstrap: str, migrated_dsn: str,

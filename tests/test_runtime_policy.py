@@ -11,6 +11,7 @@ from streams.runtime.outcome import ACK, Hold, NonRetryable, Retryable, Retryabl
 from streams.runtime.policy import (
     Commit,
     DeadLetter,
+    ParkMessage,
     Redeliver,
     Retry,
     choose_tier,
@@ -24,6 +25,7 @@ retries = st.builds(
     max_attempts=st.one_of(st.none(), st.integers(min_value=1, max_value=20)),
     backoff=st.lists(st.floats(min_value=0, max_value=300, allow_nan=False), min_size=1,
                      max_size=6).map(tuple),
+    park_after=st.integers(min_value=1, max_value=10),
 )
 attempts = st.integers(min_value=0, max_value=50)
 errors = st.sampled_from([ValueError("x"), RetryableError("y"), KeyError("z")])
@@ -60,14 +62,39 @@ def test_retryable_retries_with_backoff_until_exhausted(error: Exception, retry:
         assert action == Redeliver(delay=expected, attempt=failures)
 
 
-@given(error=errors, retry=retries, attempt=attempts, retryable=st.booleans())
-def test_reconciler_never_dead_letters(error: Exception, retry: Retry, attempt: int,
-                                       retryable: bool) -> None:
-    outcome = Retryable(error) if retryable else NonRetryable(error)
-    action = decide(outcome, attempt=attempt, retry=retry, reconciler=True)
-    assert isinstance(action, Redeliver)
+@given(error=errors, retry=retries, attempt=attempts)
+def test_a_reconciler_retries_a_transient_failure_forever(error: Exception, retry: Retry,
+                                                          attempt: int) -> None:
+    action = decide(Retryable(error), attempt=attempt, retry=retry, reconciler=True)
+    assert isinstance(action, Redeliver)  # never dead-lettered, never parked
     assert action.attempt == attempt + 1
     assert action.delay <= max(retry.backoff)  # capped
+
+
+@given(error=errors, retry=retries, attempt=attempts)
+def test_a_reconciler_parks_what_can_never_succeed_after_park_after_calls(
+        error: Exception, retry: Retry, attempt: int) -> None:
+    action = decide(NonRetryable(error), attempt=attempt, retry=retry, reconciler=True)
+    failures = attempt + 1
+    if failures >= retry.park_after:
+        assert action == ParkMessage(attempts=failures, error=error)
+    else:
+        assert isinstance(action, Redeliver) and action.attempt == failures
+        assert action.delay <= max(retry.backoff)
+
+
+@given(error=errors, retry=retries)
+def test_a_reconciler_message_that_never_succeeds_ends_parked(error: Exception,
+                                                              retry: Retry) -> None:
+    """Walking the attempts the way redeliveries do: the last action is always a park,
+    reached after exactly park_after calls — never a retry without end."""
+    attempt = 0
+    while True:
+        action = decide(NonRetryable(error), attempt=attempt, retry=retry, reconciler=True)
+        if not isinstance(action, Redeliver):
+            break
+        attempt = action.attempt
+    assert action == ParkMessage(attempts=retry.park_after, error=error)
 
 
 tier_sets = st.lists(st.floats(min_value=0.01, max_value=300, allow_nan=False), min_size=1,

@@ -7,7 +7,6 @@ import asyncio
 import time
 from typing import Any
 
-import pytest
 from prometheus_client import REGISTRY
 
 from contract import ProcessRequest, marshal
@@ -144,12 +143,54 @@ def test_undecodable_on_a_stage_dead_letters_and_on_a_reconciler_parks() -> None
     assert parked and parked[0][0] == "process_dlq" and "MalformedPayload" in parked[0][2]
 
 
-@pytest.mark.parametrize("error", [KeyError("x"), RetryableError("y")])
-def test_reconciler_retries_every_error(error: BaseException) -> None:
+def test_a_reconciler_retries_a_transient_error_without_end() -> None:
     producer = RecordingProducer()
-    asyncio.run(_delivery(producer).deliver(_stage(error, key="process_dlq"),
+    asyncio.run(_delivery(producer).deliver(_stage(RetryableError("y"), key="process_dlq"),
                                             _msg(PAYLOAD, attempt=7, topic="p.process_dlq")))
     [sent] = producer.sent
     assert sent["topic"] == "delay_5s"  # capped at the last backoff
     assert h.get(sent["headers"], h.TARGET) == b"p.process_dlq"
     assert h.get_int(sent["headers"], h.ATTEMPT) == 8
+
+
+def test_a_reconciler_retries_a_permanent_error_then_parks_it_with_its_reason() -> None:
+    producer, parked = RecordingProducer(), []
+    delivery = _delivery(producer, parked)
+    asyncio.run(delivery.deliver(_stage(KeyError("x"), key="process_dlq"),
+                                 _msg(PAYLOAD, attempt=1, topic="p.process_dlq")))
+    assert [s["topic"] for s in producer.sent] == ["delay_5s"] and not parked  # call 2 of 3
+    asyncio.run(delivery.deliver(_stage(KeyError("x"), key="process_dlq"),
+                                 _msg(PAYLOAD, attempt=2, topic="p.process_dlq")))
+    assert len(producer.sent) == 1  # nothing produced: parked, acked
+    [(stage, value, reason)] = parked
+    assert (stage, value) == ("process_dlq", PAYLOAD)
+    assert reason == "after 3 attempt(s): KeyError: 'x'"
+
+
+def test_an_outage_is_retried_in_place_without_spending_an_attempt() -> None:
+    import psycopg
+
+    calls: list[int] = []
+
+    async def handle(payload: ProcessRequest, ctx: Context) -> Outcome:
+        calls.append(1)
+        if len(calls) < 3:
+            raise psycopg.OperationalError("connection refused")  # the database is away
+        return ACK
+
+    producer = RecordingProducer()
+    started = time.monotonic()
+    asyncio.run(_delivery(producer).deliver(Stage("process", ProcessRequest, handle),
+                                            _msg(PAYLOAD, attempt=0)))
+    assert len(calls) == 3 and producer.sent == []  # no retry, no dead letter: acked
+    assert time.monotonic() - started >= 1.0  # waited (0.5 s, then 1 s) between calls
+
+
+def test_an_oversized_payload_is_undecodable() -> None:
+    producer = RecordingProducer()
+    big = marshal(ProcessRequest(id="request/q/" + "1" * 1_000_000, queue_name="q"))
+    asyncio.run(_delivery(producer).deliver(_stage(ACK), _msg(big)))
+    [sent] = producer.sent
+    assert sent["topic"] == "p.process_dlq" and sent["value"] == big
+    message = h.get(sent["headers"], h.DLQ_ERROR_MESSAGE) or b""
+    assert b"over the limit" in message and len(message) < 400  # bounded

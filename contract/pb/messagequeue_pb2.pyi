@@ -58,21 +58,28 @@ class ProcessRequest(_message.Message):
 
     ID_FIELD_NUMBER: _builtins.int
     QUEUE_NAME_FIELD_NUMBER: _builtins.int
+    LOOP_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Request id, "request/<queue>/<n>"."""
     queue_name: _builtins.str
     """The Request's queue. May be empty on old payloads; when present it must match the
     stored Request's queue, otherwise the message is malformed.
     """
+    loop: _builtins.str
+    """The gate loop this message belongs to (the Request row's loop token when it was
+    produced). Empty: a fresh publication, which takes the loop over; a token that no
+    longer matches the row marks a duplicate loop, which ends (design §6, liveness).
+    """
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         queue_name: _builtins.str = ...,
+        loop: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "queue_name", b"queue_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "loop", b"loop", "queue_name", b"queue_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -115,18 +122,24 @@ class BuildSignal(_message.Message):
 
     ID_FIELD_NUMBER: _builtins.int
     QUEUE_NAME_FIELD_NUMBER: _builtins.int
+    LOOP_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Build id, minted by the build runner; opaque."""
     queue_name: _builtins.str
+    loop: _builtins.str
+    """The poll loop this message belongs to (the Build row's loop token); empty for a
+    fresh publication, which takes the loop over. See ProcessRequest.loop.
+    """
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         queue_name: _builtins.str = ...,
+        loop: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "queue_name", b"queue_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "loop", b"loop", "queue_name", b"queue_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

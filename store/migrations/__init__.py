@@ -60,8 +60,9 @@ def available() -> list[Migration]:
     return found
 
 
-def _connect(dsn: str) -> psycopg.Connection[tuple[object, ...]]:
-    return psycopg.connect(dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S)
+def _connect(dsn: str,
+             connect_timeout: float = _CONNECT_TIMEOUT_S) -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, int(connect_timeout)))
 
 
 def _lock_schema(conn: psycopg.Connection[tuple[object, ...]]) -> None:
@@ -124,10 +125,10 @@ def migrate(dsn: str) -> list[str]:
     return applied
 
 
-def status(dsn: str) -> list[MigrationStatus]:
+def status(dsn: str, *, connect_timeout: float = _CONNECT_TIMEOUT_S) -> list[MigrationStatus]:
     """Each shipped migration with the time it was applied (None while pending). Read-only."""
     applied_at: dict[str, datetime] = {}
-    with _connect(dsn) as conn:
+    with _connect(dsn, connect_timeout) as conn:
         row = conn.execute("SELECT to_regclass('schema_migrations')").fetchone()
         if row is not None and row[0] is not None:
             for version, when in conn.execute(

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import click
 
 from streams.cli.db import db_group
@@ -25,6 +27,11 @@ from streams.cli.worker import worker_command
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Stovepipe: at which commit is this branch green?"""
+    # The clients' own warnings (a connection pool retrying, librdkafka reconnecting)
+    # would reach the terminal through logging's last resort; a command reports its
+    # failure in one line of its own instead. The worker configures logging itself.
+    for name in ("psycopg", "aiokafka", "kafka"):
+        logging.getLogger(name).addHandler(logging.NullHandler())
 
 
 for _command in (dev_group, db_group, topics_group, worker_command, ingest_command,

@@ -15,6 +15,7 @@ import psycopg_pool
 from aiokafka.errors import KafkaError
 
 from store import Database, StoreError
+from streams.cli.failures import kafka_unreachable, postgres_unreachable
 from streams.config import settings as settings_mod
 from streams.config.queues import InvalidQueueName, QueueConfigError, UnknownQueue
 from streams.extensions.sourcecontrol import SourceControlError
@@ -39,16 +40,11 @@ def run_async(action: Callable[[], Coroutine[Any, Any, T]]) -> T:
     except (UnknownQueue, InvalidQueueName, QueueConfigError, SourceControlError) as exc:
         raise click.ClickException(str(exc)) from None
     except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
-        raise click.ClickException(
-            f"cannot reach PostgreSQL: {str(exc).strip()}\nStart the local stack with "
-            f"`stovepipe dev up`, or set {settings_mod.ENV_POSTGRES_DSN}.") from None
+        raise postgres_unreachable(settings().postgres_dsn, exc) from None
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
-    except KafkaError as exc:
-        raise click.ClickException(
-            f"cannot reach Kafka at {settings().kafka_bootstrap}: {exc}\nStart the local "
-            f"stack with `stovepipe dev up`, or set {settings_mod.ENV_KAFKA_BOOTSTRAP}."
-        ) from None
+    except (KafkaError, TimeoutError) as exc:
+        raise kafka_unreachable(settings().kafka_bootstrap, exc) from None
 
 
 def emit(as_json: bool, data: dict[str, Any], lines: list[str]) -> None:
@@ -59,6 +55,14 @@ def emit(as_json: bool, data: dict[str, Any], lines: list[str]) -> None:
             click.echo(line)
 
 
-async def open_db(pool_size: int = 2) -> Database:
-    return await Database.open(settings().postgres_dsn, max_size=pool_size,
-                               acquire_timeout=10, name="stovepipe-cli")
+CONNECT_DEADLINE = 5.0  # seconds a command waits for PostgreSQL or Kafka to answer
+
+
+async def open_db(pool_size: int = 2, dsn: str | None = None) -> Database:
+    """The database for one command. A single connection is tried first, so a database
+    that refuses is reported at once rather than after the pool's patience."""
+    dsn = dsn or settings().postgres_dsn
+    probe = await psycopg.AsyncConnection.connect(dsn, connect_timeout=int(CONNECT_DEADLINE))
+    await probe.close()
+    return await Database.open(dsn, max_size=pool_size, acquire_timeout=CONNECT_DEADLINE,
+                               name="stovepipe-cli")

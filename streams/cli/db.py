@@ -7,10 +7,11 @@ from typing import TypeVar
 
 import click
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from store import migrations
 from store.errors import StoreError
+from streams.cli.failures import postgres_endpoint, postgres_unreachable
 from streams.config import settings as settings_mod
 
 T = TypeVar("T")
@@ -31,17 +32,6 @@ def _resolve_dsn(dsn: str | None) -> str:
     return dsn or settings_mod.load_settings().postgres_dsn
 
 
-def _redacted(dsn: str) -> str:
-    """The DSN without its password, fit for an error message."""
-    try:
-        params = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "<unparseable DSN>"
-    if "password" in params:
-        params["password"] = "***"  # noqa: S105 - a mask, not a credential
-    return make_conninfo(**params)  # type: ignore[arg-type]
-
-
 def _run(dsn: str, action: Callable[[str], T]) -> T:
     """Run `action(dsn)`, turning the failures a user can cause into clear messages."""
     try:
@@ -51,16 +41,12 @@ def _run(dsn: str, action: Callable[[str], T]) -> T:
     try:
         return action(dsn)
     except psycopg.OperationalError as exc:
-        raise click.ClickException(
-            f"cannot reach PostgreSQL at {_redacted(dsn)}: {str(exc).strip()}\n"
-            f"Start the local stack with `stovepipe dev up`, or point "
-            f"{settings_mod.ENV_POSTGRES_DSN} / --dsn at a running database."
-        ) from exc
+        raise postgres_unreachable(dsn, exc) from None
     except StoreError as exc:
         raise click.ClickException(str(exc)) from exc
     except psycopg.Error as exc:
         raise click.ClickException(
-            f"database error on {_redacted(dsn)}: {type(exc).__name__}: {exc}"
+            f"database error on {postgres_endpoint(dsn)}: {type(exc).__name__}: {exc}"
         ) from exc
 
 

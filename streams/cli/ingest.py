@@ -23,7 +23,7 @@ from typing import Self
 import click
 
 from store import Database
-from streams.cli.common import queues_option, run_async, settings
+from streams.cli.common import CONNECT_DEADLINE, open_db, queues_option, run_async, settings
 from streams.config.queues import (
     Extensions,
     InvalidQueueName,
@@ -61,12 +61,13 @@ class IngestClient:
         self._deps: Deps | None = None
 
     async def __aenter__(self) -> Self:
-        self._db = await Database.open(self.settings.postgres_dsn, max_size=self.pool_size,
-                                       acquire_timeout=10, name="stovepipe-ingest")
+        self._db = await open_db(self.pool_size, self.settings.postgres_dsn)
         try:
             self._publisher = KafkaPublisher(self.settings.kafka_bootstrap,
                                              topic_routes(self.topics))
-            await self._publisher.start()
+            # an unreachable broker is a one-line error within seconds, not a long wait
+            async with asyncio.timeout(CONNECT_DEADLINE):
+                await self._publisher.start()
         except BaseException:
             await self.close()
             raise

@@ -21,7 +21,9 @@ from confluent_kafka import (
 
 from store import NotFound, ParkedMessage, StoreError, Stores
 from store.parked import ParkedStore
+from streams.cli.common import CONNECT_DEADLINE
 from streams.cli.db import dsn_option
+from streams.cli.failures import postgres_unreachable
 from streams.cli.kafka import (
     broker_options,
     json_option,
@@ -91,7 +93,7 @@ def _with_parked(dsn: str | None, action: Callable[[ParkedStore], Awaitable[T]])
 
     async def run() -> T:
         conn = await psycopg.AsyncConnection.connect(resolved, autocommit=True,
-                                                     connect_timeout=10)
+                                                     connect_timeout=int(CONNECT_DEADLINE))
         async with conn:
             return await action(Stores(_OneConnection(conn)).parked)
 
@@ -101,10 +103,7 @@ def _with_parked(dsn: str | None, action: Callable[[ParkedStore], Awaitable[T]])
         raise click.ClickException(
             "the database has no parked_message table: run `stovepipe db migrate`") from None
     except psycopg.OperationalError as exc:
-        raise click.ClickException(
-            f"cannot reach PostgreSQL: {str(exc).strip() or type(exc).__name__}\nStart the "
-            f"local stack with `stovepipe dev up`, or set {settings_mod.ENV_POSTGRES_DSN} "
-            f"or --dsn.") from None
+        raise postgres_unreachable(resolved, exc) from None
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -7,18 +7,30 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+import psycopg
 from click.core import ParameterSource
 
-from streams.cli.common import queues_option, settings
+from store import migrations
+from streams.cli.common import CONNECT_DEADLINE, queues_option, settings
+from streams.cli.failures import (
+    ensure_home,
+    first_line,
+    kafka_unreachable,
+    postgres_endpoint,
+    postgres_unreachable,
+)
 from streams.config.queues import QueueConfigError, load_queues
 from streams.config.settings import (
     DEFAULT_APP_ID,
     DEFAULT_WEB_PORT,
     ENV_API_TOKEN,
     ENV_APP_ID,
+    ENV_SWEEP_INTERVAL,
     ENV_WEB_PORT,
+    Settings,
 )
 from streams.config.topics import TopicsConfig, TopicsConfigError, load_topics
+from streams.runtime.topic_admin import TopicsAdminError, admin_conf_for, ensure_topics
 
 if TYPE_CHECKING:
     import faust
@@ -26,19 +38,27 @@ if TYPE_CHECKING:
 
 def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
                  queues_file: Path | str | None = None, web_port: int | None = None,
-                 api_token: str | None = None) -> faust.App:
+                 api_token: str | None = None, sweep_interval: float | None = None
+                 ) -> faust.App:
     """The worker's Faust app; with a ``web_port`` it also serves the HTTP API and the
     dashboard (`streams.web.api`), whose POST endpoints need ``api_token`` when given."""
     # Deferred: Faust and aiohttp take a while to import, and only `worker` needs them.
     from streams.runtime.config import worker_config
     from streams.runtime.worker import build_app
-    from streams.stages.pipeline import STAGES, open_pipeline_deps
+    from streams.stages.pipeline import (
+        DEFAULT_SWEEP_INTERVAL,
+        STAGES,
+        open_pipeline_deps,
+        periodic_tasks,
+    )
     from streams.web import api
 
     config = worker_config(topics, app_id=app_id, bootstrap=bootstrap,
                            consumed=[s.key for s in STAGES], web_port=web_port)
     web_settings = api.faust_settings() if web_port is not None else {}
-    app = build_app(config, STAGES, open_pipeline_deps(dsn, queues_file), **web_settings)
+    periodic = periodic_tasks(sweep_interval or DEFAULT_SWEEP_INTERVAL)
+    app = build_app(config, STAGES, open_pipeline_deps(dsn, queues_file), periodic,
+                    **web_settings)
     if web_port is not None:
         api.mount(app, app.stovepipe_runtime, api_token=api_token)  # type: ignore[attr-defined]
     return app
@@ -57,11 +77,16 @@ def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
 @click.option("--api-token", envvar=ENV_API_TOKEN, default=None,
               help=f"Bearer token the HTTP API's POST endpoints require; reads stay open "
                    f"[env {ENV_API_TOKEN}].")
+@click.option("--sweep-interval", type=click.FloatRange(min=0.1), default=None,
+              envvar=ENV_SWEEP_INTERVAL, metavar="SECONDS",
+              help=f"Seconds between two sweeps for Requests and builds whose messages "
+                   f"were lost [default: 5; env {ENV_SWEEP_INTERVAL}].")
 @click.option("--loglevel", type=click.Choice(["debug", "info", "warn", "error"]),
               default="info", show_default=True)
 @queues_option
 def worker_command(app_id: str, web_port: int, no_web: bool, api_token: str | None,
-                   loglevel: str, queues_file: Path | None) -> None:
+                   sweep_interval: float | None, loglevel: str,
+                   queues_file: Path | None) -> None:
     """Run every stage and reconciler in this process (scale out: start more)."""
 
     # Deferred: Faust takes a while to import, and only `worker` needs it.
@@ -73,10 +98,42 @@ def worker_command(app_id: str, web_port: int, no_web: bool, api_token: str | No
         topics = load_topics(current.topics_file)
     except (QueueConfigError, TopicsConfigError) as exc:
         raise click.ClickException(str(exc)) from None
+    ensure_home(current.home)
+    check_dependencies(current, topics)
     app = build_worker(topics, app_id=app_id, bootstrap=current.kafka_bootstrap,
                        dsn=current.postgres_dsn, queues_file=queues_file,
-                       web_port=_web_port(web_port, no_web), api_token=api_token or None)
+                       web_port=_web_port(web_port, no_web), api_token=api_token or None,
+                       sweep_interval=sweep_interval)
     run_worker(app, loglevel=loglevel)
+
+
+def check_dependencies(current: Settings, topics: TopicsConfig) -> None:
+    """Before joining the group: the database answers and is migrated, the broker
+    answers and has the topics. Each failure is one line saying what to do."""
+    dsn = current.postgres_dsn
+    try:
+        pending = [m for m in migrations.status(dsn, connect_timeout=CONNECT_DEADLINE)
+                   if m.applied_at is None]
+    except psycopg.OperationalError as exc:
+        raise postgres_unreachable(dsn, exc) from None
+    except psycopg.Error as exc:
+        raise click.ClickException(f"PostgreSQL at {postgres_endpoint(dsn)} refused: "
+                                   f"{first_line(exc)}") from None
+    if pending:
+        names = ", ".join(f"{m.version}_{m.name}" for m in pending)
+        raise click.ClickException(f"the database at {postgres_endpoint(dsn)} lacks the "
+                                   f"migrations {names}: run `stovepipe db migrate`")
+    try:
+        report = ensure_topics(admin_conf_for(current.kafka_bootstrap), topics, create=False,
+                               timeout=CONNECT_DEADLINE)
+    except TopicsAdminError:
+        raise kafka_unreachable(current.kafka_bootstrap,
+                                f"no answer within {CONNECT_DEADLINE:g}s") from None
+    missing = [s.name for s in report if not s.ok]
+    if missing:
+        raise click.ClickException(
+            f"Kafka at {current.kafka_bootstrap} lacks {len(missing)} topic(s) of "
+            f"{topics.path} (first: {missing[0]}): run `stovepipe topics create`")
 
 
 def _web_port(web_port: int, no_web: bool) -> int | None:

@@ -1,17 +1,36 @@
-"""The one place that decides whether an exception is worth retrying.
+"""The one place that decides whether an exception is worth retrying, and whether it is an
+outage of the infrastructure rather than a failure of the message.
 
 Non-retryable is the default (design §6): marking an error retryable for convenience turns
 a permanent failure into an infinite loop. Retryable: database conflicts and lost
 connections (as classified by the store), broker/network timeouts, errors that carry
 ``retryable = True`` (e.g. a runner's HTTP 5xx/429/408).
+
+An outage (`is_outage`) is the broker or the database being unreachable: not the
+message's fault, so the delivery waits and tries again in place, spending none of the
+message's attempts, however long it lasts (design §6, "outages are not message failures").
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import psycopg
+import psycopg_pool
+from aiokafka import errors as kafka_errors
+
 from store.errors import is_retryable as store_is_retryable
 from streams.runtime.outcome import NonRetryable, Outcome, Retryable
+
+# SQLSTATEs of a database that is away: 08 connection exception, 57P01 admin shutdown,
+# 57P02 crash shutdown, 57P03 cannot connect now, 53300 too many connections.
+_DATABASE_AWAY_CLASSES = frozenset({"08"})
+_DATABASE_AWAY_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+_BROKER_AWAY = (kafka_errors.KafkaConnectionError, kafka_errors.NodeNotReadyError,
+                kafka_errors.KafkaTimeoutError, kafka_errors.RequestTimedOutError,
+                kafka_errors.LeaderNotAvailableError, kafka_errors.NotLeaderForPartitionError,
+                kafka_errors.NotEnoughReplicasError,
+                kafka_errors.NotEnoughReplicasAfterAppendError)
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -29,3 +48,22 @@ def is_retryable(exc: BaseException) -> bool:
 
 def outcome_of_exception(exc: BaseException) -> Outcome:
     return Retryable(exc) if is_retryable(exc) else NonRetryable(exc)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) says the broker or the database is unreachable."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (psycopg_pool.PoolTimeout, *_BROKER_AWAY)):
+            return True
+        if isinstance(current, psycopg.OperationalError):
+            state = current.sqlstate
+            if state is None or state[:2] in _DATABASE_AWAY_CLASSES \
+                    or state in _DATABASE_AWAY_STATES:
+                return True
+        if isinstance(current, ConnectionRefusedError | ConnectionResetError):
+            return True
+        current = current.__cause__  # an explicit wrap; never a later error in a handler
+    return False

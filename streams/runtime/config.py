@@ -11,9 +11,11 @@ from streams.runtime.stage import Route
 from streams.runtime.worker import WorkerConfig
 
 
-def retry_of(policy: RetryPolicy) -> Retry:
-    return Retry(max_attempts=policy.max_attempts,
-                 backoff=tuple(d.total_seconds() for d in policy.backoff))
+def retry_of(policy: RetryPolicy, park_after: int | None = None) -> Retry:
+    backoff = tuple(d.total_seconds() for d in policy.backoff)
+    if park_after is None:
+        return Retry(max_attempts=policy.max_attempts, backoff=backoff)
+    return Retry(max_attempts=policy.max_attempts, backoff=backoff, park_after=park_after)
 
 
 def worker_config(topics: TopicsConfig, *, app_id: str, bootstrap: str,
@@ -27,7 +29,7 @@ def worker_config(topics: TopicsConfig, *, app_id: str, bootstrap: str,
         if not isinstance(spec, TopicSpec):
             raise ValueError(f"{entry!r} is a delay tier, not a stage topic")
         dlq = topics.dead_letter_for(spec) if spec.dlq else None
-        routes[entry] = Route(topic=spec.full_name, retry=retry_of(spec.retry),
+        routes[entry] = Route(topic=spec.full_name, retry=retry_of(spec.retry, spec.park_after),
                               dlq_topic=dlq.full_name if dlq else None)
     return WorkerConfig(
         app_id=app_id,

@@ -7,6 +7,9 @@ from collections.abc import Iterable, Sequence
 ATTEMPT = "stovepipe-attempt"  # handler calls that already failed for this message
 DUE_MS = "stovepipe-due-ms"  # epoch ms before which a delayed message must not arrive
 TARGET = "stovepipe-target"  # topic a delayed message goes back to
+# where a retried message was first delivered ("<partition>:<offset>"): a retry is the
+# same delivery tried again, a hold is a new turn (streams.stages.loops)
+ORIGIN = "stovepipe-origin"
 
 DLQ_SOURCE_TOPIC = "dlq-source-topic"
 DLQ_SOURCE_PARTITION = "dlq-source-partition"
@@ -49,3 +52,7 @@ def replace(headers: Sequence[tuple[str, bytes]] | None,
 
 def without_runtime(headers: Sequence[tuple[str, bytes]] | None) -> Headers:
     return [(k, v) for k, v in headers or () if k not in (DUE_MS, TARGET)]
+
+
+def remove(headers: Sequence[tuple[str, bytes]] | None, name: str) -> Headers:
+    return [(k, v) for k, v in headers or () if k != name]

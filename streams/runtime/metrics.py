@@ -43,6 +43,11 @@ DELAY_DROPPED = Counter(
     "stovepipe_delay_dropped_total",
     "Messages in a delay tier without a target header (not produced by Stovepipe).",
 )
+OUTAGE_RETRIES = Counter(
+    "stovepipe_outage_retries_total",
+    "Handler calls made again in place because the broker or the database was away.",
+    ["stage"],
+)
 PARKED = Counter(
     "stovepipe_parked_total",
     "Reconciler messages that can never be processed, parked in PostgreSQL.",
@@ -56,6 +61,11 @@ PROMOTION_SKIPPED = Counter(
     "stovepipe_promotion_skipped_total",
     "Promotions not done because the commit is no longer on the ref (force-push).",
     ["queue"],
+)
+SWEPT = Counter(
+    "stovepipe_sweeper_republished_total",
+    "Messages the sweeper published again: a loop unseen for too long, or never started.",
+    ["what"],
 )
 RECONCILED = Counter(
     "stovepipe_reconciled_total",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from google.protobuf.message import Message
+
 
 class RetryableError(Exception):
     """Raise (or subclass) to say: the same message may succeed later."""
@@ -18,9 +20,13 @@ class Ack:
 
 @dataclass(frozen=True)
 class Hold:
-    """Bring the same message back after ``delay`` seconds; costs no retry attempt."""
+    """Bring the message back after ``delay`` seconds; costs no retry attempt.
+
+    ``payload``, when given, is what comes back instead of the original bytes (same key,
+    same topic): a loop hands its next turn the token it holds now."""
 
     delay: float
+    payload: Message | None = None
 
     def __post_init__(self) -> None:
         if self.delay < 0:

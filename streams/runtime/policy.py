@@ -15,16 +15,21 @@ from streams.runtime.outcome import Ack, Hold, NonRetryable, Outcome, Retryable
 @dataclass(frozen=True)
 class Retry:
     """How a topic retries: ``max_attempts`` handler calls in all (None: forever) and the
-    delay before each retry; past the end of ``backoff`` its last value repeats (the cap)."""
+    delay before each retry; past the end of ``backoff`` its last value repeats (the cap).
+    ``park_after`` (reconcilers): handler calls that fail for good before the message is
+    parked; transient failures never park."""
 
     max_attempts: int | None
     backoff: tuple[float, ...]
+    park_after: int = 3
 
     def __post_init__(self) -> None:
         if not self.backoff or any(d < 0 for d in self.backoff):
             raise ValueError("backoff needs at least one non-negative delay")
         if self.max_attempts is not None and self.max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
+        if self.park_after < 1:
+            raise ValueError("park_after must be >= 1")
 
     def delay_before(self, retry_number: int) -> float:
         """Delay before the ``retry_number``-th retry (1-based)."""
@@ -50,14 +55,23 @@ class DeadLetter:
     error: BaseException
 
 
-Action = Commit | Redeliver | DeadLetter
+@dataclass(frozen=True)
+class ParkMessage:
+    """A reconciler's message that can never be reconciled: keep it in PostgreSQL, ack."""
+
+    attempts: int
+    error: BaseException
+
+
+Action = Commit | Redeliver | DeadLetter | ParkMessage
 
 
 def decide(outcome: Outcome, *, attempt: int, retry: Retry, reconciler: bool) -> Action:
     """The action for ``outcome`` on a message that already failed ``attempt`` times.
 
-    Reconcilers never dead-letter: every failure, classified or not, is retried with the
-    capped backoff (design §6: a ``_dlq`` consumer has no DLQ of its own).
+    Reconcilers never dead-letter (design §6: a ``_dlq`` consumer has no DLQ of its own):
+    a transient failure is retried forever with the capped backoff; one that can never
+    succeed is retried up to ``park_after`` calls in all, then parked.
     """
     match outcome:
         case Ack():
@@ -66,11 +80,12 @@ def decide(outcome: Outcome, *, attempt: int, retry: Retry, reconciler: bool) ->
             return Redeliver(delay=delay, attempt=attempt)
         case Retryable(error=error) | NonRetryable(error=error):
             failures = attempt + 1
-            if not reconciler:
-                if isinstance(outcome, NonRetryable):
-                    return DeadLetter(attempts=failures, error=error)
-                if retry.max_attempts is not None and failures >= retry.max_attempts:
-                    return DeadLetter(attempts=failures, error=error)
+            exhausted = retry.max_attempts is not None and failures >= retry.max_attempts
+            if reconciler:
+                if isinstance(outcome, NonRetryable) and failures >= retry.park_after:
+                    return ParkMessage(attempts=failures, error=error)
+            elif isinstance(outcome, NonRetryable) or exhausted:
+                return DeadLetter(attempts=failures, error=error)
             return Redeliver(delay=retry.delay_before(failures), attempt=failures)
     raise TypeError(f"not an Outcome: {outcome!r}")
 

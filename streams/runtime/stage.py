@@ -23,16 +23,27 @@ from google.protobuf.message import Message
 from contract import MalformedPayload, marshal, unmarshal
 from streams.runtime import headers as h
 from streams.runtime import metrics
-from streams.runtime.classify import outcome_of_exception
+from streams.runtime.classify import is_outage, outcome_of_exception
 from streams.runtime.delay import DelayTiers, produce_until_acked, send_later
-from streams.runtime.outcome import Outcome, RetryableError
-from streams.runtime.policy import Commit, DeadLetter, Redeliver, Retry, decide
+from streams.runtime.logs import bounded
+from streams.runtime.outcome import Hold, Outcome, RetryableError
+from streams.runtime.policy import (
+    Action,
+    Commit,
+    DeadLetter,
+    ParkMessage,
+    Redeliver,
+    Retry,
+    decide,
+)
 
 log = logging.getLogger("stovepipe.runtime")
+outage_log = logging.getLogger("stovepipe.outage")  # rate-limited (streams.runtime.logs)
+OUTAGE_FIRST_BACKOFF = 0.5
+OUTAGE_MAX_BACKOFF = 5.0
 
 P = TypeVar("P", bound=Message)
 D = TypeVar("D")  # what a worker's handlers share (the pipeline's: streams.stages.deps.Deps)
-ERROR_MESSAGE_LIMIT = 2000
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,15 @@ class Incoming:
     @property
     def attempt(self) -> int:
         return h.get_int(self.headers, h.ATTEMPT)
+
+    @property
+    def origin(self) -> str:
+        """Where this delivery began: its own coordinates, or for a retry those of the
+        message it retries (every retry of one delivery has the same origin)."""
+        carried = h.get(self.headers, h.ORIGIN)
+        if carried is not None:
+            return carried.decode("ascii", "replace")
+        return f"{self.partition}:{self.offset}"
 
 
 @dataclass(frozen=True)
@@ -113,37 +133,64 @@ class Delivery(Generic[D]):
     async def deliver(self, stage: Stage[Any], msg: Incoming) -> None:
         started = time.perf_counter()
         route = self.routes[stage.key]
-        fields = {"stage": stage.key, "topic": msg.topic, "partition": msg.partition,
-                  "offset": msg.offset, "attempt": msg.attempt}
+        fields: dict[str, Any] = {"stage": stage.key, "topic": msg.topic,
+                                  "partition": msg.partition, "offset": msg.offset,
+                                  "attempt": msg.attempt}
         try:
             payload = unmarshal(msg.value or b"", stage.payload_type)
         except MalformedPayload as exc:
             await self._undecodable(stage, route, msg, exc, fields)
             return
-        fields["id"] = getattr(payload, "id", "") or getattr(payload, "queue", "")
+        fields["id"] = bounded(getattr(payload, "id", "") or getattr(payload, "queue", ""))
         ctx: Context[D] = Context(stage=stage.key, message=msg, publish=self.publish,
                                   deps=self.deps, log=_Adapter(log, fields))
-        try:
-            outcome = await stage.handle(payload, ctx)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - nothing a handler raises reaches Faust
-            outcome = outcome_of_exception(exc)
+        outcome = await self._handle_through_outages(stage, payload, ctx)
         metrics.HANDLE_SECONDS.labels(stage=stage.key).observe(time.perf_counter() - started)
         action = decide(outcome, attempt=msg.attempt, retry=route.retry,
                         reconciler=stage.reconciler)
         await self._perform(stage, route, msg, outcome, action, ctx)
         metrics.DELIVERY_SECONDS.labels(stage=stage.key).observe(time.perf_counter() - started)
 
+    async def _handle_through_outages(self, stage: Stage[Any], payload: Message,
+                                      ctx: Context[D]) -> Outcome:
+        """The handler's outcome. While the broker or the database is unreachable the
+        same call is made again in place, with capped backoff and without spending an
+        attempt: an outage is nobody's message's fault, and must not walk the retry
+        ladder into a dead-letter topic however long it lasts (handlers are idempotent).
+        This holds up the partition, as it should: every message needs the same service."""
+        backoff = OUTAGE_FIRST_BACKOFF
+        waited = 0.0
+        while True:
+            try:
+                return await stage.handle(payload, ctx)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - nothing a handler raises reaches Faust
+                if not is_outage(exc):
+                    return outcome_of_exception(exc)
+                metrics.OUTAGE_RETRIES.labels(stage=stage.key).inc()
+                outage_log.warning("dependency_unreachable stage=%s waited=%.0fs error=%s "
+                                   "retry_in=%.1fs", stage.key, waited, _describe(exc),
+                                   backoff)
+                await asyncio.sleep(backoff)
+                waited += backoff
+                backoff = min(backoff * 2, OUTAGE_MAX_BACKOFF)
+
     async def _perform(self, stage: Stage[Any], route: Route, msg: Incoming, outcome: Outcome,
-                       action: Commit | Redeliver | DeadLetter, ctx: Context[D]) -> None:
+                       action: Action, ctx: Context[D]) -> None:
         match action:
             case Commit():
                 metrics.count(stage.key, "ack")
             case Redeliver(delay=delay, attempt=attempt):
                 is_hold = attempt == msg.attempt
+                value = msg.value
+                if isinstance(outcome, Hold) and outcome.payload is not None:
+                    value = marshal(outcome.payload)
+                # a hold starts a new turn; a retry carries where its delivery began
+                headers = (h.remove(msg.headers, h.ORIGIN) if is_hold
+                           else h.replace(msg.headers, {h.ORIGIN: msg.origin}))
                 await send_later(self.producer, self.tiers, target=route.topic, key=msg.key,
-                                 value=msg.value, headers=msg.headers, delay=delay,
+                                 value=value, headers=headers, delay=delay,
                                  attempt=attempt)
                 if is_hold:
                     metrics.count(stage.key, "hold")
@@ -157,6 +204,13 @@ class Delivery(Generic[D]):
                 await self._dead_letter(route.dlq_topic, msg, attempts, error)
                 metrics.count(stage.key, "dead_letter")
                 ctx.log.error("dead_letter attempts=%d error=%s", attempts, _describe(error))
+            case ParkMessage(attempts=attempts, error=error):
+                reason = f"after {attempts} attempt(s): {_describe(error)}"
+                await _until_done(lambda: self.park(stage.key, msg, reason), what="park",
+                                  log=ctx.log)
+                metrics.PARKED.labels(stage=stage.key).inc()
+                metrics.count(stage.key, "parked")
+                ctx.log.error("parked %s", reason)
 
     async def _undecodable(self, stage: Stage[Any], route: Route, msg: Incoming,
                            exc: MalformedPayload, fields: dict[str, Any]) -> None:
@@ -166,12 +220,12 @@ class Delivery(Generic[D]):
                               what="park", log=adapter)
             metrics.PARKED.labels(stage=stage.key).inc()
             metrics.count(stage.key, "parked")
-            adapter.error("parked error=%s", exc)
+            adapter.error("parked error=%s", _describe(exc))
             return
         assert route.dlq_topic is not None
         await self._dead_letter(route.dlq_topic, msg, msg.attempt + 1, exc)
         metrics.count(stage.key, "undecodable")
-        adapter.error("dead_letter_undecodable error=%s", exc)
+        adapter.error("dead_letter_undecodable error=%s", _describe(exc))
 
     async def _dead_letter(self, dlq_topic: str, msg: Incoming, attempts: int,
                            error: BaseException) -> None:
@@ -181,7 +235,7 @@ class Delivery(Generic[D]):
             h.DLQ_SOURCE_OFFSET: msg.offset,
             h.DLQ_ATTEMPTS: attempts,
             h.DLQ_ERROR_CLASS: f"{type(error).__module__}.{type(error).__qualname__}",
-            h.DLQ_ERROR_MESSAGE: str(error)[:ERROR_MESSAGE_LIMIT],
+            h.DLQ_ERROR_MESSAGE: bounded(str(error)),
             h.DLQ_TIME: datetime.now(UTC).isoformat(timespec="milliseconds"),
         }
         # the reconciler starts counting its own attempts from zero
@@ -252,7 +306,7 @@ async def _until_done(step: Callable[[], Awaitable[None]], *, what: str,
 def _describe(error: BaseException | None) -> str:
     if error is None:
         return "-"
-    return f"{type(error).__name__}: {error}"
+    return bounded(f"{type(error).__name__}: {error}")
 
 
 class _Adapter(logging.LoggerAdapter[logging.Logger]):
@@ -260,5 +314,5 @@ class _Adapter(logging.LoggerAdapter[logging.Logger]):
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         extra = self.extra or {}
-        suffix = " ".join(f"{k}={v}" for k, v in extra.items())
+        suffix = " ".join(f"{k}={bounded(v)}" for k, v in extra.items())
         return f"{msg} {suffix}", kwargs

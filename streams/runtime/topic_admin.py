@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.config.topics import DelayTier, TopicsConfig, TopicSpec
 
-DEFAULT_ADMIN_TIMEOUT = 10.0
+DEFAULT_ADMIN_TIMEOUT = 5.0  # seconds; every admin call is bounded, so is every command
 
 # librdkafka's own log lines (e.g. one per failed connect) go here rather than straight to
 # stderr; an application that configures logging sees them, a CLI user sees our message.

@@ -9,6 +9,7 @@ per agent), which keeps Faust's committed offset from skipping an event still in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -21,8 +22,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from store import Database
 from streams.config.settings import load_settings
+from streams.runtime import logs
 from streams.runtime.delay import DelayScheduler, DelayTiers
 from streams.runtime.kafka import KafkaPublisher, TopicRoute
+from streams.runtime.periodic import PeriodicTask, run_periodically
 from streams.runtime.stage import (
     Delivery,
     Incoming,
@@ -76,9 +79,12 @@ class _Transport(faust_aiokafka.Transport):
 class RuntimeService(Generic[D]):
     """Owns what the agents share: the producer, the delay scheduler and the deps."""
 
-    def __init__(self, config: WorkerConfig, open_deps: OpenDeps[D]) -> None:
+    def __init__(self, config: WorkerConfig, open_deps: OpenDeps[D],
+                 periodic: Sequence[PeriodicTask[D]] = ()) -> None:
         self.config = config
         self.open_deps = open_deps
+        self.periodic = tuple(periodic)
+        self._timers: list[asyncio.Task[None]] = []
         self.ready = asyncio.Event()
         self.delivery: Delivery[D] | None = None
         self._publisher: KafkaPublisher | None = None
@@ -87,6 +93,7 @@ class RuntimeService(Generic[D]):
 
     async def start(self) -> None:
         cfg = self.config
+        logs.install()  # logging is configured by now: bound every line, damp floods
         deps, park, close = await self.open_deps()
         self._close_deps = close
         self._publisher = KafkaPublisher(cfg.bootstrap, cfg.topics)
@@ -98,10 +105,18 @@ class RuntimeService(Generic[D]):
         self._scheduler = DelayScheduler(bootstrap=cfg.bootstrap, group_id=f"{cfg.app_id}-delay",
                                          tiers=tiers, producer=producer)
         await self._scheduler.start()
+        self._timers = [asyncio.create_task(run_periodically(t, deps, self._publisher),
+                                            name=f"periodic-{t.name}")
+                        for t in self.periodic]
         self.ready.set()
 
     async def stop(self) -> None:
         self.ready.clear()
+        for timer in self._timers:
+            timer.cancel()
+        for timer in self._timers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await timer
         if self._scheduler is not None:
             await self._scheduler.stop()
         if self._publisher is not None:
@@ -111,7 +126,7 @@ class RuntimeService(Generic[D]):
 
 
 def build_app(config: WorkerConfig, stages: Sequence[Stage[Any]], open_deps: OpenDeps[D],
-              **faust_settings: Any) -> faust.App:
+              periodic: Sequence[PeriodicTask[D]] = (), **faust_settings: Any) -> faust.App:
     """The Faust application for ``stages``. It declares and creates no topic: they come
     from ``stovepipe topics create``."""
     settings: dict[str, Any] = {
@@ -134,7 +149,7 @@ def build_app(config: WorkerConfig, stages: Sequence[Stage[Any]], open_deps: Ope
     settings.update(faust_settings)
     app = faust.App(config.app_id, **settings)
     app.transport = _Transport(app.conf.broker_consumer, app)
-    runtime = RuntimeService(config, open_deps)
+    runtime = RuntimeService(config, open_deps, periodic)
     app.service(_bind(runtime))
 
     for stage in stages:

@@ -1,17 +1,19 @@
 """buildsignal(build id): poll a build until terminal, then settle its Request (design §5).
 
-The poll loop is a chain of holds on the build's own key. A terminal status is stored
-write-once; the first terminal build of a Request releases its slot and stamps its
-outcome in one transaction (first writer wins), then hands the Request to record.
+The poll loop is a chain of holds on the build's own key; only the loop the Build row
+names goes on (`streams.stages.loops`). A terminal status is stored write-once; the first
+terminal build of a Request releases its slot and stamps its outcome in one transaction
+(first writer wins), then hands the Request to record. A build that no Request waits for
+any more (its Request settled by another build, failed by a reconciler, or superseded) is
+cancelled at its runner.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from contract import BuildSignal, Record, TopicKey
-from store import Build, BuildStatus, InvariantViolation, Request, RequestState
+from store import Build, BuildStatus, InvariantViolation, Request
 from streams.runtime import ACK, Hold, Outcome
+from streams.stages import loops
 from streams.stages.deps import Deps, StageContext, check_queue_name
 from streams.stages.kit import seconds, with_cas_retries
 
@@ -22,26 +24,34 @@ async def handle_buildsignal(payload: BuildSignal, ctx: StageContext) -> Outcome
 
 async def _poll(payload: BuildSignal, ctx: StageContext) -> Outcome:
     deps: Deps = ctx.deps
-    build = await _load_build(deps, payload)
+    build = await load_build(deps, payload)
     request = await deps.db.requests.get(build.queue, build.request_id)
-    if request.state.is_outcome:
+    if request.state.is_terminal:
         if build.status.is_terminal:
-            # an earlier delivery settled the Request and may have died before publishing
-            await _publish_to_record(ctx, request)
-        return ACK  # a duplicate build of a settled Request needs no more polling
-    if request.state is not RequestState.PROCESSING:
-        return ACK  # superseded, or failed by a reconciler
+            if request.state.is_outcome:
+                # an earlier delivery settled the Request, and may have died before
+                # publishing to record
+                await _publish_to_record(ctx, request)
+        else:
+            await cancel_build(ctx, build, f"its request is {request.state}")
+        return ACK
 
+    mine = loops.message_token(ctx.stage, ctx.message)
+    turn = loops.next_turn(row_token=build.loop_token, carried=payload.loop, mine=mine,
+                           age=build.loop_age)
     config = deps.queue_config(build.queue)
     if not build.status.is_terminal:
-        if deps.poll_loops.is_duplicate(build.id):
-            return ACK  # another loop of this build polled it and goes on
+        if turn is loops.Turn.DUPLICATE:
+            ctx.log.debug("poll_loop_duplicate_ended build_id=%s", build.id)
+            return ACK
         build = await _refresh_status(ctx, build, seconds(config.poll_deadline))
     if not build.status.is_terminal:
         delay = seconds(config.poll_delay_running if build.status is BuildStatus.RUNNING
                         else config.poll_delay_queued)
-        deps.poll_loops.polled(build.id, delay)
-        return Hold(delay)
+        if turn is loops.Turn.CLAIM:
+            build = await deps.db.builds.claim_loop(build, mine)
+        return Hold(delay, BuildSignal(id=build.id, queue_name=build.queue,
+                                       loop=build.loop_token))
 
     outcome = build.status.request_outcome
     async with deps.db.transaction() as tx:
@@ -53,7 +63,9 @@ async def _poll(payload: BuildSignal, ctx: StageContext) -> Outcome:
     return ACK
 
 
-async def _load_build(deps: Deps, payload: BuildSignal) -> Build:
+async def load_build(deps: Deps, payload: BuildSignal) -> Build:
+    """The Build a message names by its queue and id (the queue may be missing on old
+    payloads: then the id alone, which must name one build)."""
     if payload.queue_name:
         build = await deps.db.builds.get(payload.queue_name, payload.id)
     else:
@@ -62,9 +74,17 @@ async def _load_build(deps: Deps, payload: BuildSignal) -> Build:
     return build
 
 
+async def cancel_build(ctx: StageContext, build: Build, why: str) -> Build:
+    """Stop a build nobody waits for at its runner, and store it `cancelled` (a status
+    the runner reported first stays: write-once)."""
+    await ctx.deps.extensions.build_runner(build.queue).cancel(build.id)
+    ctx.log.info("build_cancelled build_id=%s reason=%s", build.id, why)
+    return await _store_status(ctx, build, BuildStatus.CANCELLED)
+
+
 async def _refresh_status(ctx: StageContext, build: Build, deadline_s: float) -> Build:
     runner = ctx.deps.extensions.build_runner(build.queue)
-    age = (datetime.now(UTC) - build.created_at).total_seconds()
+    age = build.age  # by the database's clock: a worker's clock never shortens a deadline
     if age > deadline_s:
         # a hung build must not wedge its queue: stop it and count it as not green
         await runner.cancel(build.id)
@@ -73,6 +93,10 @@ async def _refresh_status(ctx: StageContext, build: Build, deadline_s: float) ->
         status = BuildStatus.FAILED
     else:
         status = (await runner.status(build.id)).status
+    return await _store_status(ctx, build, status)
+
+
+async def _store_status(ctx: StageContext, build: Build, status: BuildStatus) -> Build:
     if status is build.status:
         return build
     try:

@@ -14,6 +14,8 @@ from store import (
     NotFound,
     RequestState,
     RequestUri,
+    Stores,
+    Transaction,
     VersionMismatch,
     make_request_id,
     request_seq,
@@ -48,43 +50,50 @@ async def ingest_queue(deps: Deps, queue: str, publish: Publisher) -> str:
     """The id of the Request validating ``queue``'s current head, published to process
     while it is still ``accepted``. Reporting the same head again yields the same id."""
     validate_queue_name(queue)
-    deps.queue_config(queue)  # unknown queue: a user error, before touching anything
-    uri = await deps.extensions.source_control(queue).head()
-    request_id = await _find_or_mint_request(deps, queue, uri)
-    await _advance_latest(deps, queue, request_id)
-    request = await deps.db.requests.get(queue, request_id)
+    source_control = deps.extensions.source_control(queue)  # unknown queue: a user error
+    async with deps.db.transaction() as tx:
+        # One ingest of a queue at a time, and the head is resolved under the lock: the
+        # head resolved last is minted last, so two ingests racing a moving branch never
+        # leave the older head as the queue's latest (it would supersede the newer one).
+        await tx.lock_queue(queue)
+        uri = await source_control.head()
+        request_id = await _find_or_mint_request(tx, queue, uri)
+        await _advance_latest(tx, queue, request_id)
+        request = await tx.requests.get(queue, request_id)
     if request.state is RequestState.ACCEPTED:
+        # a fresh publication (no loop token) takes over any gate loop of this Request;
+        # if this publish never happens, the sweeper publishes it (design §6, liveness)
         await publish(TopicKey.PROCESS, ProcessRequest(id=request_id, queue_name=queue))
     return request_id
 
 
-async def _find_or_mint_request(deps: Deps, queue: str, uri: str) -> str:
+async def _find_or_mint_request(tx: Transaction, queue: str, uri: str) -> str:
     try:
-        mapping = await deps.db.request_uris.get(queue, uri)
+        mapping = await tx.request_uris.get(queue, uri)
     except NotFound:
-        return await _mint_request(deps, queue, uri)
-    if await _needs_revalidation(deps, mapping.request_id):
-        return await _mint_request(deps, queue, uri, replacing=mapping)
+        return await _mint_request(tx, queue, uri)
+    if await _needs_revalidation(tx, mapping.request_id):
+        return await _mint_request(tx, queue, uri, replacing=mapping)
     return mapping.request_id
 
 
-async def _needs_revalidation(deps: Deps, request_id: str) -> bool:
+async def _needs_revalidation(tx: Stores, request_id: str) -> bool:
     """A head whose Request was superseded was never built; if the branch is back at it
     (a force-push reset to an older commit) it must be validated after all, or the branch
     would silently stay unvalidated until the next push."""
     try:
-        request = await deps.db.requests.get_by_id(request_id)
+        request = await tx.requests.get_by_id(request_id)
     except NotFound:  # a mapping whose Request was never written: mint afresh
         return True
     return request.state is RequestState.SUPERSEDED
 
 
-async def _mint_request(deps: Deps, queue: str, uri: str,
+async def _mint_request(tx: Transaction, queue: str, uri: str,
                         replacing: RequestUri | None = None) -> str:
     try:
         # counter, dedup mapping and Request commit together: no orphan Request (one
         # nobody would ever publish) and no mapping without its Request
-        async with deps.db.transaction() as tx:
+        async with tx.savepoint():
             request_id = make_request_id(queue, await tx.counters.next(queue))
             await tx.requests.create(queue, request_id, uri)
             if replacing is None:
@@ -93,18 +102,19 @@ async def _mint_request(deps: Deps, queue: str, uri: str,
                 await tx.request_uris.reassign(replacing, request_id)
             return request_id
     except (AlreadyExists, VersionMismatch):
-        # a concurrent ingest of the same head won the mapping: adopt its id
-        return (await deps.db.request_uris.get(queue, uri)).request_id
+        # an ingest that did not take the queue lock (an older version) won the mapping:
+        # adopt its id
+        return (await tx.request_uris.get(queue, uri)).request_id
 
 
-async def _advance_latest(deps: Deps, queue: str, request_id: str) -> None:
+async def _advance_latest(tx: Stores, queue: str, request_id: str) -> None:
     for _ in range(LATEST_CAS_ATTEMPTS):
-        row = await deps.db.queues.get_or_create(queue)
+        row = await tx.queues.get_or_create(queue)
         latest = row.latest_request_id
         if latest is not None and request_seq(latest) >= request_seq(request_id):
             return
         try:
-            await deps.db.queues.set_latest_request(row, request_id)
+            await tx.queues.set_latest_request(row, request_id)
             return
         except VersionMismatch:
             continue

@@ -11,9 +11,12 @@ from typing import Any
 from contract import BuildRequest, BuildSignal, IngestRequest, ProcessRequest, Record
 from store import Database
 from streams.config.queues import Extensions, load_queues
+from streams.runtime.periodic import PeriodicTask
 from streams.runtime.stage import Park, Stage, park_into
-from streams.stages import build, buildsignal, ingest, process, reconcile, record
+from streams.stages import build, buildsignal, ingest, process, reconcile, record, sweeper
 from streams.stages.deps import Deps
+
+DEFAULT_SWEEP_INTERVAL = 5.0
 
 STAGES: tuple[Stage[Any], ...] = (
     Stage("ingest", IngestRequest, ingest.handle_ingest),
@@ -27,6 +30,13 @@ STAGES: tuple[Stage[Any], ...] = (
     Stage("buildsignal_dlq", BuildSignal, reconcile.handle_buildsignal_dlq),
     Stage("record_dlq", Record, reconcile.handle_record_dlq),
 )
+
+
+def periodic_tasks(
+        sweep_interval: float = DEFAULT_SWEEP_INTERVAL) -> tuple[PeriodicTask[Deps], ...]:
+    """What a pipeline worker does on a timer: the sweeper (design §6, liveness)."""
+    return (PeriodicTask("sweeper", sweep_interval, sweeper.sweep),)
+
 
 OpenPipelineDeps = Callable[[], Awaitable[tuple[Deps, Park, Callable[[], Awaitable[None]]]]]
 

@@ -1,20 +1,19 @@
 """process(request id): admit, supersede or hold a Request; decide its build strategy.
 
-Single writer per queue: the `process` topic is keyed by queue name (design §5).
+Single writer per queue: the `process` topic is keyed by queue name (design §5). A
+Request waiting for a slot is a gate loop: held, it comes back after the gate delay, and
+only the loop the Request row names goes on (`streams.stages.loops`).
 """
 
 from __future__ import annotations
-
-import logging
 
 from contract import BuildRequest, ProcessRequest, TopicKey
 from store import BuildStrategy, Queue, Request, RequestState, request_seq
 from streams.extensions.sourcecontrol import CommitNotFound
 from streams.runtime import ACK, Hold, Outcome
-from streams.stages.deps import Deps, StageContext, check_queue_name
+from streams.stages import loops
+from streams.stages.deps import Deps, StageContext, load_request
 from streams.stages.kit import seconds, with_cas_retries
-
-log = logging.getLogger("stovepipe.process")
 
 
 async def handle_process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
@@ -23,8 +22,7 @@ async def handle_process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
 
 async def _process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
     deps: Deps = ctx.deps
-    request = await deps.db.requests.get_by_id(payload.id)
-    check_queue_name(payload.queue_name, request.queue, f"request {request.id}")
+    request = await load_request(deps, payload.queue_name, payload.id)
     if request.state.is_terminal:
         return ACK
     if request.state is RequestState.PROCESSING:
@@ -32,6 +30,13 @@ async def _process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
         # before publishing to build (a duplicate here is ignored by build)
         if not await deps.db.builds.list_for_request(request.queue, request.id):
             await _publish_to_build(ctx, request)
+        return ACK
+
+    mine = loops.message_token(ctx.stage, ctx.message)
+    turn = loops.next_turn(row_token=request.loop_token, carried=payload.loop, mine=mine,
+                           age=request.loop_age)
+    if turn is loops.Turn.DUPLICATE:
+        ctx.log.debug("gate_loop_duplicate_ended")
         return ACK
 
     queue = await deps.db.queues.get_or_create(request.queue)
@@ -43,7 +48,11 @@ async def _process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
     config = deps.queue_config(request.queue)
     if queue.in_flight_count >= config.max_concurrent:
         # not a failure: comes back after the gate delay and is decided afresh
-        return Hold(seconds(config.gate_delay))
+        if turn is loops.Turn.CLAIM:
+            request = await deps.db.requests.claim_loop(request, mine)
+        return Hold(seconds(config.gate_delay),
+                    ProcessRequest(id=request.id, queue_name=request.queue,
+                                   loop=request.loop_token))
 
     strategy, base_uri = await _decide_strategy(ctx, request, queue)
     async with deps.db.transaction() as tx:

@@ -1,64 +1,93 @@
 """The `<key>_dlq` reconcilers: drive work that can never finish to `failed` (design §6).
 
-They run in reconciler mode: every failure is retried with capped backoff, nothing is
-dead-lettered again, and an undecodable message is parked by the runtime. Idempotent;
-a late legitimate transition wins through the compare-and-set.
+They run in reconciler mode: a transient failure is retried forever with capped backoff,
+nothing is dead-lettered again, and a message that can never be reconciled — undecodable,
+an unknown or malformed id, a queue the id does not name, an invariant violation — is
+parked with its reason after a few attempts (`retry.park_after` in topics.yaml), so no
+message is retried without end. A reconciler acts only on the entity that the message's
+queue *and* id both name. Idempotent; a late legitimate transition wins through the
+compare-and-set. A Request failed here has its builds cancelled at their runner.
 """
 
 from __future__ import annotations
 
 from contract import BuildRequest, BuildSignal, IngestRequest, ProcessRequest, Record
-from store import NotFound, RequestState
+from store import Build, NotFound, Request, RequestState
 from streams.runtime import ACK, Outcome, metrics
-from streams.stages.deps import Deps, StageContext
+from streams.runtime.logs import bounded
+from streams.stages.buildsignal import cancel_build, load_build
+from streams.stages.deps import Deps, StageContext, WrongQueue, load_request
 from streams.stages.kit import with_cas_retries
 from streams.stages.record import handle_record
 
 
-async def fail_request(ctx: StageContext, request_id: str) -> Outcome:
+class Irreconcilable(Exception):
+    """The message names nothing a reconciler may act on; it will be parked.
+    Non-retryable, like every error not classified otherwise."""
+
+
+async def fail_request(ctx: StageContext, queue_name: str, request_id: str) -> Outcome:
     """Fail-closed: a Request whose work can never complete ends `failed`, never green.
-    A `processing` Request gives its slot back in the same transaction."""
+    A `processing` Request gives its slot back in the same transaction, and every build
+    of it still running is cancelled at its runner."""
+    request = await _named_request(ctx.deps, queue_name, request_id)
 
-    async def step() -> Outcome:
-        deps: Deps = ctx.deps
-        try:
-            request = await deps.db.requests.get_by_id(request_id)
-        except NotFound:
-            ctx.log.warning("reconcile_skipped reason=request_not_found")
-            return ACK
-        if request.state.is_terminal:
-            return ACK
-        async with deps.db.transaction() as tx:
-            if request.state is RequestState.PROCESSING:
-                queue = await tx.queues.get(request.queue)
+    async def step() -> Request:
+        current = await ctx.deps.db.requests.get(request.queue, request.id)
+        if current.state.is_terminal:
+            return current
+        async with ctx.deps.db.transaction() as tx:
+            if current.state is RequestState.PROCESSING:
+                queue = await tx.queues.get(current.queue)
                 await tx.queues.release_slot(queue)
-            await tx.requests.transition(request, RequestState.FAILED)
+            failed = await tx.requests.transition(current, RequestState.FAILED)
         metrics.RECONCILED.labels(stage=ctx.stage).inc()
-        ctx.log.warning("reconciled_to_failed was=%s", request.state)
-        return ACK
+        ctx.log.warning("reconciled_to_failed was=%s", current.state)
+        return failed
 
-    return await with_cas_retries(step)
+    settled = await with_cas_retries(step)
+    # every time, not only when failing it here: a cancel that failed last time is retried
+    for build in await ctx.deps.db.builds.list_for_request(settled.queue, settled.id):
+        if not build.status.is_terminal:
+            await cancel_build(ctx, build, f"its request is {settled.state}")
+    return ACK
+
+
+async def _named_request(deps: Deps, queue_name: str, request_id: str) -> Request:
+    try:
+        return await load_request(deps, queue_name, request_id)
+    except ValueError as exc:  # a malformed id, or WrongQueue
+        kind = "queue mismatch" if isinstance(exc, WrongQueue) else "malformed id"
+        raise Irreconcilable(f"{kind}: {exc}") from None
+    except NotFound:
+        raise Irreconcilable(f"unknown request {bounded(request_id)!r}") from None
 
 
 async def handle_process_dlq(payload: ProcessRequest, ctx: StageContext) -> Outcome:
-    return await fail_request(ctx, payload.id)
+    return await fail_request(ctx, payload.queue_name, payload.id)
 
 
 async def handle_build_dlq(payload: BuildRequest, ctx: StageContext) -> Outcome:
-    return await fail_request(ctx, payload.id)
+    return await fail_request(ctx, payload.queue_name, payload.id)
 
 
 async def handle_buildsignal_dlq(payload: BuildSignal, ctx: StageContext) -> Outcome:
-    deps: Deps = ctx.deps
+    build = await _named_build(ctx.deps, payload)
+    outcome = await fail_request(ctx, build.queue, build.request_id)
+    current = await ctx.deps.db.builds.get(build.queue, build.id)
+    if not current.status.is_terminal:  # a build its request no longer names
+        await cancel_build(ctx, current, "its poll loop was dead-lettered")
+    return outcome
+
+
+async def _named_build(deps: Deps, payload: BuildSignal) -> Build:
     try:
-        if payload.queue_name:
-            build = await deps.db.builds.get(payload.queue_name, payload.id)
-        else:
-            build = await deps.db.builds.get_by_id(payload.id)
+        return await load_build(deps, payload)
+    except WrongQueue as exc:
+        raise Irreconcilable(f"queue mismatch: {exc}") from None
     except NotFound:
-        ctx.log.warning("reconcile_skipped reason=build_not_found")
-        return ACK
-    return await fail_request(ctx, build.request_id)
+        raise Irreconcilable(f"unknown build {bounded(payload.id)!r} in queue "
+                             f"{bounded(payload.queue_name)!r}") from None
 
 
 async def handle_record_dlq(payload: Record, ctx: StageContext) -> Outcome:
@@ -68,11 +97,5 @@ async def handle_record_dlq(payload: Record, ctx: StageContext) -> Outcome:
 
 async def handle_ingest_dlq(payload: IngestRequest, ctx: StageContext) -> Outcome:
     # nothing was minted: keep the message for an operator
-    msg = ctx.message
-    deps: Deps = ctx.deps
-    await deps.db.parked.park(topic=msg.topic, partition=msg.partition, offset=msg.offset,
-                              key=msg.key, value=msg.value, headers=msg.headers,
-                              error=f"ingest of queue {payload.queue!r} failed")
-    metrics.PARKED.labels(stage=ctx.stage).inc()
-    ctx.log.warning("ingest_parked queue=%s", payload.queue)
-    return ACK
+    raise Irreconcilable(f"the ingest of queue {bounded(payload.queue)!r} failed for good; "
+                         f"nothing was minted")

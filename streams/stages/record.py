@@ -16,9 +16,9 @@ from store import (
     VersionMismatch,
     request_seq,
 )
-from streams.extensions.sourcecontrol import CommitNotFound
+from streams.extensions.sourcecontrol import CommitNotFound, PromotionMoved
 from streams.runtime import ACK, Outcome, metrics
-from streams.stages.deps import Deps, StageContext, check_queue_name
+from streams.stages.deps import Deps, StageContext, load_request
 from streams.stages.kit import CAS_ATTEMPTS
 
 DEGREE = {RequestState.SUCCEEDED: 0.0, RequestState.FAILED: 1.0}
@@ -34,8 +34,7 @@ class NotSettled(InvariantViolation):
 
 async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
     deps: Deps = ctx.deps
-    request = await deps.db.requests.get_by_id(payload.id)
-    check_queue_name(payload.queue_name, request.queue, f"request {request.id}")
+    request = await load_request(deps, payload.queue_name, payload.id)
     if request.state in (RequestState.CANCELLED, RequestState.SUPERSEDED):
         return ACK
     if request.state not in DEGREE:
@@ -84,17 +83,24 @@ async def _advance_bookmark(deps: Deps, fact: ValidationFact) -> bool:
 
 
 async def _promote(ctx: StageContext, fact: ValidationFact) -> None:
+    """Move the promotion ref to ``fact`` while it holds the bookmark, by compare-and-set
+    on the ref: read where the ref is, *then* whether ``fact`` still holds the bookmark,
+    then move the ref only if it is still where it was read. A newer holder that promoted
+    in between makes the set fail, and the next round sees the bookmark moved on; one that
+    promotes after us finds our value and moves it forward. So the ref never goes back."""
     source_control = ctx.deps.extensions.source_control(fact.queue)
-    try:
-        await source_control.promote(fact.uri)
-    except CommitNotFound as exc:
-        metrics.PROMOTION_SKIPPED.labels(queue=fact.queue).inc()
-        ctx.log.warning("promotion_skipped uri=%s error=%s", fact.uri, exc)
-        return
-    # a newer holder may have promoted while we did: never leave the ref behind it
-    queue: Queue = await ctx.deps.db.queues.get(fact.queue)
-    if queue.last_green_request_id != fact.request_id and queue.last_green_uri is not None:
+    for _ in range(CAS_ATTEMPTS):
+        target = await source_control.promotion_target()
+        queue: Queue = await ctx.deps.db.queues.get(fact.queue)
+        if queue.last_green_request_id != fact.request_id or target == fact.uri:
+            return  # a newer green commit holds the bookmark (it promotes), or done already
         try:
-            await source_control.promote(queue.last_green_uri)
-        except CommitNotFound:
+            await source_control.promote(fact.uri, expected=target)
+            return
+        except PromotionMoved:
+            continue
+        except CommitNotFound as exc:
             metrics.PROMOTION_SKIPPED.labels(queue=fact.queue).inc()
+            ctx.log.warning("promotion_skipped uri=%s error=%s", fact.uri, exc)
+            return
+    raise PromotionMoved(f"the promotion ref of {fact.queue} kept moving; trying again later")

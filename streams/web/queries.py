@@ -34,9 +34,11 @@ WATERMARK_ATTEMPTS = 5
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` as plain JSON data: entities become objects, times ISO 8601 strings."""
+    """``value`` as plain JSON data: entities become objects (without their internal
+    bookkeeping fields), times ISO 8601 strings."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not f.metadata.get("internal")}
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

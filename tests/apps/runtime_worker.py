@@ -10,7 +10,10 @@ Environment: RT_BOOTSTRAP, RT_DSN (its search_path names the test's schema), RT_
   fatal:N          raise a non-retryable error
   pipe:N           publish N to `build`; the build stage records it
   pipehold:MS:N    hold once for MS ms, then publish N to `build`
-  recon:K:N        (on process_dlq) fail until K attempts failed, then record N
+  pipelatch:N / pipeholdlatch:MS:N   the same, but `build` holds N (200 ms at a time,
+                   counted in runtime_arrived) until the row 'build' is in runtime_latch
+  recon:K:N        (on process_dlq) fail retryably until K attempts failed, then record N
+  reconfatal:N     (on process_dlq) always fail for good: parked after park_after attempts
 
 "Record" inserts (id, stage, attempt) into runtime_sink; duplicates are absorbed by its
 key and counted in runtime_sink.deliveries.
@@ -37,6 +40,8 @@ CREATE TABLE IF NOT EXISTS runtime_sink (
 CREATE TABLE IF NOT EXISTS runtime_held (
     id text PRIMARY KEY, delay_ms int NOT NULL,
     held_at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE IF NOT EXISTS runtime_arrived (id text PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS runtime_latch (name text PRIMARY KEY);
 """
 
 
@@ -77,9 +82,9 @@ async def handle_process(payload: ProcessRequest, ctx: Context) -> Outcome:
         raise RetryableError("always fails, retryably")
     elif kind == "fatal":
         raise Boom("fails for good")
-    elif kind == "pipe":
+    elif kind in ("pipe", "pipelatch"):
         await ctx.publish("build", BuildRequest(id=payload.id, queue_name=payload.queue_name))
-    elif kind == "pipehold":
+    elif kind in ("pipehold", "pipeholdlatch"):
         if await _hold_once(ctx, payload.id, int(rest[0])):
             return Hold(int(rest[0]) / 1000)
         await ctx.publish("build", BuildRequest(id=payload.id, queue_name=payload.queue_name))
@@ -89,6 +94,13 @@ async def handle_process(payload: ProcessRequest, ctx: Context) -> Outcome:
 
 
 async def handle_build(payload: BuildRequest, ctx: Context) -> Outcome:
+    if "latch" in payload.id.split(":")[0]:
+        async with ctx.deps.pool.connection() as conn:
+            await conn.execute("INSERT INTO runtime_arrived (id) VALUES (%s)"
+                               " ON CONFLICT DO NOTHING", (payload.id,))
+            cur = await conn.execute("SELECT 1 FROM runtime_latch WHERE name = 'build'")
+            if await cur.fetchone() is None:
+                return Hold(0.2)  # in flight until the test releases the latch
     await _record(ctx, payload.id)
     return ACK
 
@@ -96,7 +108,9 @@ async def handle_build(payload: BuildRequest, ctx: Context) -> Outcome:
 async def handle_process_dlq(payload: ProcessRequest, ctx: Context) -> Outcome:
     kind, *rest = payload.id.split(":")
     if kind == "recon" and ctx.attempt < int(rest[0]):
-        raise Boom(f"reconciler attempt {ctx.attempt} fails on purpose")
+        raise RetryableError(f"reconciler attempt {ctx.attempt} fails on purpose")
+    if kind == "reconfatal":
+        raise Boom(f"reconciler attempt {ctx.attempt} fails for good")
     await _record(ctx, payload.id)
     return ACK
 

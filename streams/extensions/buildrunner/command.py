@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -98,11 +99,8 @@ from streams.extensions.buildrunner.processes import (
     write_atomically,
 )
 from streams.extensions.sourcecontrol.contract import SourceControlError
-from streams.extensions.sourcecontrol.gitrepo import (
-    GitRepository,
-    Repository,
-    parse_uri,
-)
+from streams.extensions.sourcecontrol.gitrepo import GitRepository, Repository
+from streams.extensions.sourcecontrol.gituri import parse_uri
 from streams.schema.fields import SPEC, ConfigPath, Duration, PositiveInt
 
 BUILD_ID_PREFIX = "cmd-"
@@ -110,6 +108,7 @@ DEFAULT_MAX_PARALLEL = 2
 DEFAULT_KILL_GRACE = 10.0  # seconds between SIGTERM and SIGKILL
 LAUNCH_ABORTED_EXIT_CODE = 125  # the wrapper's code when it could not start the command
 ACTIVE_DIR = "active"
+KEYS_DIR = "keys"  # trigger key (hashed) -> the build started for it
 LOCK_FILE = "admission.lock"
 _BUILD_ID = re.compile(r"cmd-[0-9a-f]{32}")
 _STOP_POLL_INTERVAL = 0.05
@@ -239,7 +238,8 @@ class CommandBuildRunner:
             "queued_at": time.time(),
         }
         async with self._admission:
-            removals = await asyncio.to_thread(self._enqueue, build_id, spec)
+            build_id, removals = await asyncio.to_thread(
+                self._enqueue, build_id, spec, metadata.get("trigger_key", ""))
         await asyncio.to_thread(remove_trees, removals)
         return build_id
 
@@ -307,13 +307,26 @@ class CommandBuildRunner:
 
     # --- blocking halves, run in a worker thread under the lock ---
 
-    def _enqueue(self, build_id: str, spec: dict[str, Any]) -> list[Path]:
+    def _enqueue(self, build_id: str, spec: dict[str, Any],
+                 trigger_key: str) -> tuple[str, list[Path]]:
+        """Queue a new build, or return the one already queued for ``trigger_key`` (a
+        trigger repeated after a crash starts no second build)."""
         with self._locked():
+            key_file = (self.work_dir / KEYS_DIR
+                        / hashlib.sha256(trigger_key.encode()).hexdigest())
+            if trigger_key:
+                known = key_file.read_text(encoding="utf-8").strip() \
+                    if key_file.exists() else ""
+                if known and (self._dir(known) / BUILD_FILE).exists():
+                    return known, []
             state = self._dir(build_id)
             state.mkdir()
             write_atomically(state / BUILD_FILE, json.dumps(spec, indent=1))
+            if trigger_key:
+                key_file.parent.mkdir(exist_ok=True)
+                write_atomically(key_file, f"{build_id}\n")
             (self.work_dir / ACTIVE_DIR / build_id).touch()
-            return self._sweep()
+            return build_id, self._sweep()
 
     def _poll(self, build_id: str) -> tuple[_Observed, list[Path]]:
         with self._locked():

@@ -14,10 +14,17 @@ URI, whatever the URI scheme — read as ``-``-separated tokens, e.g. ``c7-queue
 - ``queuedN``: ``accepted`` for the first N seconds after the trigger;
 - ``slowN``: then ``running`` for N seconds, then the outcome;
 - ``hang``: then ``running`` forever;
+- ``latchNAME``: then ``running`` until the file ``<state_dir>/latches/NAME`` exists — a
+  test holds a build open for exactly as long as it needs, whatever the machine's load;
 - ``triggererror`` / ``triggerretry``: ``trigger`` raises, non-retryable / retryable;
 - ``statuserror`` / ``statusretry``: ``status`` raises, non-retryable / retryable.
 
 N may be fractional (``slow0.5``). Other tokens are ignored.
+
+With a ``state_dir``, a trigger carrying a ``trigger_key`` in its metadata returns the
+build it already started for that key (``<state_dir>/triggers.log``), so a trigger
+repeated after a crash starts no second build. ``latency`` simulates a hosted CI's call
+latencies, e.g. ``{trigger: 300ms, status: 200ms}``.
 
 Cancelling: with a ``state_dir``, ``cancel`` appends ``<build id> <epoch s>`` to
 ``<state_dir>/cancelled.log`` (under an ``flock``), so every runner sharing the directory
@@ -49,11 +56,14 @@ from pydantic.dataclasses import dataclass as spec_dataclass
 from store.entities import BuildStatus
 from streams.extensions import ExtensionContext
 from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
-from streams.schema.fields import SPEC, ConfigPath
+from streams.schema.fields import SPEC, ConfigPath, Duration
 
 BUILD_ID_PREFIX = "fake-"
 CANCELLED_FILE = "cancelled.log"
 _TIMED_TOKEN = re.compile(r"(queued|slow)(\d+(?:\.\d+)?)")
+_LATCH_TOKEN = re.compile(r"latch([A-Za-z0-9_]+)")
+LATCH_DIR = "latches"
+TRIGGERS_FILE = "triggers.log"
 _NONCE = re.compile(r"[0-9a-f]{16}")
 
 
@@ -65,6 +75,7 @@ class Behaviour:
     queued: float = 0.0  # seconds `accepted` after the trigger
     slow: float = 0.0  # then seconds `running`
     hang: bool = False  # then `running` forever
+    latch: str = ""  # then `running` until <state_dir>/latches/<latch> exists
     trigger_error: bool = False
     trigger_retry: bool = False
     status_error: bool = False
@@ -76,22 +87,31 @@ class Behaviour:
         fields: dict[str, Any] = {}
         for token in sha.split("-"):
             timed = _TIMED_TOKEN.fullmatch(token)
+            latch = _LATCH_TOKEN.fullmatch(token)
             if timed:
                 fields[timed.group(1)] = float(timed.group(2))
+            elif latch:
+                fields["latch"] = latch.group(1)
             elif token in _FLAGS:
                 fields[_FLAGS[token]] = True
         return cls(**fields)
 
-    @property
-    def finishes_after(self) -> float:
-        """Seconds from trigger to the terminal status; infinite for ``hang``."""
-        return math.inf if self.hang else self.queued + self.slow
+    def finishes_after(self, released_after: float | None = None) -> float:
+        """Seconds from trigger to the terminal status; infinite for ``hang`` and for a
+        latch not yet released (``released_after``: seconds from trigger to the release)."""
+        if self.hang:
+            return math.inf
+        if self.latch:
+            if released_after is None:
+                return math.inf
+            return max(self.queued + self.slow, released_after)
+        return self.queued + self.slow
 
-    def status_at(self, elapsed: float) -> BuildStatus:
+    def status_at(self, elapsed: float, released_after: float | None = None) -> BuildStatus:
         """The status ``elapsed`` seconds after the trigger."""
         if elapsed < self.queued:
             return BuildStatus.ACCEPTED
-        if elapsed < self.finishes_after:
+        if elapsed < self.finishes_after(released_after):
             return BuildStatus.RUNNING
         return BuildStatus.FAILED if self.fail else BuildStatus.SUCCEEDED
 
@@ -144,10 +164,14 @@ class FakeBuildRunnerSpec:
 
     wants_repository: ClassVar[bool] = False
     state_dir: ConfigPath | None = None  # where cancellations are shared; None: a no-op
+    # simulated call latencies, e.g. {trigger: 300ms, status: 200ms} (benchmarks, tests)
+    latency: dict[Literal["trigger", "status", "cancel"], Duration] | None = None
     kind: Literal["fake"] = "fake"
 
     def build(self, context: ExtensionContext) -> FakeBuildRunner:
-        return FakeBuildRunner(self.state_dir)
+        latency = {str(call): delay.total_seconds()
+                   for call, delay in (self.latency or {}).items()}
+        return FakeBuildRunner(self.state_dir, latency=latency)
 
 
 class FakeBuildRunner:
@@ -158,15 +182,18 @@ class FakeBuildRunner:
     """
 
     def __init__(self, state_dir: Path | str | None = None, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 latency: Mapping[str, float] | None = None) -> None:
         self.state_dir = Path(state_dir) if state_dir is not None else None
         self._clock = clock
+        self.latency = dict(latency or {})
 
     def __repr__(self) -> str:
         return f"FakeBuildRunner(state_dir={self.state_dir!r})"
 
     async def trigger(self, base_uri: str | None, head_uri: str,
                       metadata: Mapping[str, str]) -> str:
+        await self._wait("trigger")
         behaviour = Behaviour.of(head_uri)
         if behaviour.trigger_retry:
             raise BuildRunnerError(f"fake runner: trigger of {head_uri} failed (triggerretry)",
@@ -174,9 +201,14 @@ class FakeBuildRunner:
         if behaviour.trigger_error:
             raise BuildRunnerError(f"fake runner: trigger of {head_uri} rejected "
                                    f"(triggererror)")
-        return FakeBuild(head_uri, base_uri, self._clock(), secrets.token_hex(8)).build_id()
+        new_id = FakeBuild(head_uri, base_uri, self._clock(), secrets.token_hex(8)).build_id()
+        key = metadata.get("trigger_key", "")
+        if key and self.state_dir is not None:
+            return await asyncio.to_thread(self._build_of_key, self.state_dir, key, new_id)
+        return new_id
 
     async def status(self, build_id: str) -> BuildReport:
+        await self._wait("status")
         build = FakeBuild.parse(build_id)
         behaviour = Behaviour.of(build.head_uri)
         if behaviour.status_retry:
@@ -185,21 +217,56 @@ class FakeBuildRunner:
         if behaviour.status_error:
             raise BuildRunnerError(f"fake runner: status of {build_id} failed (statuserror)")
         now = self._clock()
-        status = behaviour.status_at(now - build.triggered_at)
+        released = await asyncio.to_thread(self._released_after, behaviour, build)
+        status = behaviour.status_at(now - build.triggered_at, released)
         if self.state_dir is not None:
             cancelled_at = await asyncio.to_thread(self._cancelled_at, self.state_dir,
                                                    build_id)
-            if (cancelled_at is not None
-                    and cancelled_at - build.triggered_at < behaviour.finishes_after):
+            if (cancelled_at is not None and cancelled_at - build.triggered_at
+                    < behaviour.finishes_after(released)):
                 status = BuildStatus.CANCELLED  # stopped before its behaviour finished it
         return BuildReport(status, {"runner": "fake", "head_uri": build.head_uri,
                                     "base_uri": build.base_uri or ""})
 
     async def cancel(self, build_id: str) -> None:
+        await self._wait("cancel")
         FakeBuild.parse(build_id)
         if self.state_dir is not None:
             await asyncio.to_thread(self._record_cancel, self.state_dir, build_id,
                                     self._clock())
+
+    async def _wait(self, call: str) -> None:
+        delay = self.latency.get(call, 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def _released_after(self, behaviour: Behaviour, build: FakeBuild) -> float | None:
+        """Seconds from the trigger to the release of the build's latch; None while it is
+        held (or without a state_dir, where no latch is ever released)."""
+        if not behaviour.latch or self.state_dir is None:
+            return None
+        try:
+            released_at = (self.state_dir / LATCH_DIR / behaviour.latch).stat().st_mtime
+        except FileNotFoundError:
+            return None
+        return max(0.0, released_at - build.triggered_at)
+
+    def _build_of_key(self, state_dir: Path, key: str, new_id: str) -> str:
+        """The build already started for ``key``, else ``new_id``, recorded for it."""
+        path = state_dir / TRIGGERS_FILE
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with open(path, encoding="utf-8") as lines:
+                for line in lines:
+                    known, _, build_id = line.rstrip("\n").partition("\t")
+                    if known == key:
+                        return build_id
+            os.write(fd, f"{key}\t{new_id}\n".encode())
+            return new_id
+        finally:
+            os.close(fd)
 
     # --- the shared cancellation log, in a worker thread ---
 

@@ -7,6 +7,7 @@ and adding its spec here.
 
 from streams.extensions.sourcecontrol.contract import (
     CommitNotFound,
+    PromotionMoved,
     SourceControl,
     SourceControlError,
     UnknownRef,
@@ -17,5 +18,5 @@ from streams.extensions.sourcecontrol.git import GitSourceControlSpec
 # The registry of kinds, in the order error messages list them.
 SourceControlSpec = FakeSourceControlSpec | GitSourceControlSpec
 
-__all__ = ["CommitNotFound", "SourceControl", "SourceControlError", "SourceControlSpec",
-           "UnknownRef"]
+__all__ = ["CommitNotFound", "PromotionMoved", "SourceControl", "SourceControlError",
+           "SourceControlSpec", "UnknownRef"]

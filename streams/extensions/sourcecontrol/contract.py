@@ -2,7 +2,11 @@
 
 Errors: `UnknownRef` (the queue's ref or repository does not exist: a user error, never
 retried), `CommitNotFound` (the commit is not on the ref any more, e.g. after a
-force-push), and `SourceControlError` whose `retryable` says whether to try again.
+force-push), `PromotionMoved` (a promotion's compare-and-set lost), and
+`SourceControlError` whose `retryable` says whether to try again.
+
+URIs carry no secrets: they are built from a credential-free identity of the repository,
+so rotating a credential changes no URI (design §8).
 """
 
 from __future__ import annotations
@@ -29,6 +33,14 @@ class CommitNotFound(SourceControlError):
     """The commit named by a URI is not (or no longer) on the queue's ref."""
 
 
+class PromotionMoved(SourceControlError):
+    """The promotion ref was not where the caller expected: another promotion moved it
+    in between. Decide again from what it points at now."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=True)
+
+
 class SourceControl(Protocol):
     """One queue's view of its repository and ref."""
 
@@ -42,9 +54,17 @@ class SourceControl(Protocol):
         Raises CommitNotFound when either commit is unknown."""
         ...
 
-    async def promote(self, uri: str) -> None:
-        """Point the promotion ref at ``uri``. Raises CommitNotFound when the commit is no
-        longer on the ref. Idempotent. A queue without a promotion ref does nothing."""
+    async def promotion_target(self) -> str | None:
+        """The URI the promotion ref points at now; None while it does not exist, or when
+        the queue promotes nothing."""
+        ...
+
+    async def promote(self, uri: str, *, expected: str | None) -> None:
+        """Point the promotion ref at ``uri`` if it still points at ``expected`` (None:
+        the ref does not exist yet) — a compare-and-set, so two promotions racing never
+        move it backwards. Raises PromotionMoved when the ref is elsewhere, CommitNotFound
+        when the commit is no longer on the ref. A queue without a promotion ref does
+        nothing."""
         ...
 
     async def commit_time(self, uri: str) -> datetime:

@@ -34,7 +34,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,13 +46,16 @@ from pydantic.dataclasses import dataclass as spec_dataclass
 from streams.extensions import ExtensionContext
 from streams.extensions.sourcecontrol.contract import (
     CommitNotFound,
+    PromotionMoved,
     SourceControlError,
     UnknownRef,
 )
-from streams.schema.fields import SPEC, ConfigPath, NonEmptyStr
+from streams.schema.fields import SPEC, ConfigPath, Duration, NonEmptyStr
 
 URI_SCHEME = "fake://"
 LOCK_SUFFIX = ".lock"
+PROMOTION_HISTORY = 1000
+LATENCY_CALLS = ("head", "is_ancestor", "promote")
 _REPO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 T = TypeVar("T")
@@ -71,10 +74,13 @@ class _State:
     commits: dict[str, dict[str, Any]] = field(default_factory=dict)
     refs: dict[str, str] = field(default_factory=dict)
     promoted: dict[str, str] = field(default_factory=dict)
+    # every promotion, oldest first, as [ref, sha] (the last PROMOTION_HISTORY kept)
+    promotions: list[list[str]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps({"commits": self.commits, "refs": self.refs,
-                           "promoted": self.promoted}, indent=1, sort_keys=True)
+                           "promoted": self.promoted, "promotions": self.promotions},
+                          indent=1, sort_keys=True)
 
     def parents(self, sha: str) -> list[str]:
         return list(self.commits[sha].get("parents", []))
@@ -115,14 +121,18 @@ def _parse(text: str, path: Path) -> _State:
         raise SourceControlError(f"{path}: not a fake repository file: {exc}") from None
     if not isinstance(raw, dict):
         raise SourceControlError(f"{path}: not a fake repository file: expected an object")
-    parts = {}
+    parts: dict[str, Any] = {}
     for key in ("commits", "refs", "promoted"):
         value = raw.get(key, {})
         if not isinstance(value, dict):
             raise SourceControlError(f"{path}: not a fake repository file: {key!r} is not "
                                      f"an object")
         parts[key] = value
-    return _State(**parts)
+    history = raw.get("promotions", [])
+    if not isinstance(history, list):
+        raise SourceControlError(f"{path}: not a fake repository file: 'promotions' is not "
+                                 f"a list")
+    return _State(**parts, promotions=history)
 
 
 def _read(path: Path) -> _State | None:
@@ -189,6 +199,8 @@ class FakeSourceControlSpec:
     repo: Annotated[str, BeforeValidator(_repo_name)]
     ref: NonEmptyStr
     promotion_ref: NonEmptyStr | None = None
+    # simulated call latencies, e.g. {head: 100ms, is_ancestor: 50ms} (benchmarks, tests)
+    latency: dict[Literal["head", "is_ancestor", "promote"], Duration] | None = None
     kind: Literal["fake"] = "fake"
 
     @field_validator("promotion_ref")
@@ -206,7 +218,10 @@ class FakeSourceControlSpec:
         return home / "git"
 
     def build(self, context: ExtensionContext) -> FakeSourceControl:
-        return FakeSourceControl(self.path, self.repo, self.ref, self.promotion_ref)
+        latency = {str(call): delay.total_seconds()
+                   for call, delay in (self.latency or {}).items()}
+        return FakeSourceControl(self.path, self.repo, self.ref, self.promotion_ref,
+                                 latency=latency)
 
 
 # --- the extension ----------------------------------------------------------------------
@@ -222,7 +237,8 @@ class FakeSourceControl:
     """
 
     def __init__(self, path: Path | str, repo: str, ref: str,
-                 promotion_ref: str | None = None) -> None:
+                 promotion_ref: str | None = None, *,
+                 latency: Mapping[str, float] | None = None) -> None:
         if not repo or "/" in repo:
             raise ValueError(f"a fake repository name is non-empty without '/', got {repo!r}")
         if not ref:
@@ -231,21 +247,39 @@ class FakeSourceControl:
         self.repo = repo
         self.ref = ref
         self.promotion_ref = promotion_ref
+        self.latency = dict(latency or {})
 
     def __repr__(self) -> str:
         return (f"FakeSourceControl({str(self.path)!r}, repo={self.repo!r}, ref={self.ref!r}, "
                 f"promotion_ref={self.promotion_ref!r})")
 
     async def head(self) -> str:
-        return await asyncio.to_thread(self._head)
+        # the answer is read first and returned after the latency, as from a remote
+        # server: the branch may have moved on by the time the caller sees it
+        head = await asyncio.to_thread(self._head)
+        await self._wait("head")
+        return head
 
     async def is_ancestor(self, ancestor_uri: str, descendant_uri: str) -> bool:
+        await self._wait("is_ancestor")
         return await asyncio.to_thread(self._is_ancestor, ancestor_uri, descendant_uri)
 
-    async def promote(self, uri: str) -> None:
+    async def promotion_target(self) -> str | None:
+        if self.promotion_ref is None:
+            return None
+        sha = self._state().promoted.get(self.promotion_ref)
+        return fake_uri(self.repo, self.ref, sha) if sha else None
+
+    async def promote(self, uri: str, *, expected: str | None) -> None:
         if self.promotion_ref is None:
             return
-        await asyncio.to_thread(self._promote, uri, self.promotion_ref)
+        await self._wait("promote")
+        await asyncio.to_thread(self._promote, uri, self.promotion_ref, expected)
+
+    async def _wait(self, call: str) -> None:
+        delay = self.latency.get(call, 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     async def commit_time(self, uri: str) -> datetime:
         return await asyncio.to_thread(self._commit_time, uri)
@@ -268,15 +302,22 @@ class FakeSourceControl:
                     f"(injected fault)", retryable="ancestryretry" in tokens)
         return state.is_ancestor(ancestor, descendant)
 
-    def _promote(self, uri: str, promotion_ref: str) -> None:
+    def _promote(self, uri: str, promotion_ref: str, expected: str | None) -> None:
         sha = self._sha(uri)
+        expected_sha = self._sha(expected) if expected is not None else None
 
         def point_promotion_ref(state: _State) -> None:
+            current = state.promoted.get(promotion_ref)
+            if current != expected_sha:
+                raise PromotionMoved(f"{promotion_ref!r} of fake repository {self.repo!r} "
+                                     f"is at {current}, not {expected_sha}")
             head = self._head_sha(state)
             if not state.is_ancestor(sha, head):
                 raise CommitNotFound(f"{uri} is not on {self.repo}/{self.ref} (head {head}); "
                                      f"not promoting it to {promotion_ref!r}")
-            state.promoted[promotion_ref] = sha
+            if current != sha:
+                state.promoted[promotion_ref] = sha
+                state.promotions = [*state.promotions, [promotion_ref, sha]][-PROMOTION_HISTORY:]
 
         try:
             _update(self.path, point_promotion_ref, create=False)
@@ -409,6 +450,11 @@ class FakeRepo:
         """Where the promotion ref ``ref`` points, or None if it was never promoted."""
         state = _read(self.path)
         return state.promoted.get(ref) if state else None
+
+    def promotions(self, ref: str) -> list[str]:
+        """Every sha the promotion ref ``ref`` was moved to, oldest first."""
+        state = _read(self.path)
+        return [sha for name, sha in (state.promotions if state else []) if name == ref]
 
     @staticmethod
     def _add_commit(state: _State, sha: str, parents: list[str], when: str) -> None:

@@ -29,6 +29,8 @@ from streams.extensions.sourcecontrol.gitrepo import (
     BranchName,
     GitRepository,
     Repository,
+)
+from streams.extensions.sourcecontrol.gituri import (
     check_branch_name,
     git_uri,
     parse_uri,
@@ -107,10 +109,17 @@ class GitSourceControl:
                                      f"(from {uri})")
         return await self.repo.is_ancestor(ancestor, descendant)
 
-    async def promote(self, uri: str) -> None:
+    async def promotion_target(self) -> str | None:
+        if self.promotion_ref is None:
+            return None
+        sha = await self.repo.branch_sha(self.promotion_ref, pushed=self.push)
+        return git_uri(self.repository, self.ref, sha) if sha else None
+
+    async def promote(self, uri: str, *, expected: str | None) -> None:
         if self.promotion_ref is None:
             return
         sha = self._sha(uri)
+        expected_sha = self._sha(expected) if expected is not None else None
         try:
             head = await self.repo.resolve(self.ref)
         except UnknownRef as exc:
@@ -122,7 +131,8 @@ class GitSourceControl:
         # The check and the move are two steps: a force-push in between can promote a
         # commit that just left the ref. The promotion ref lags the bookmark by design and
         # the next green commit moves it on.
-        await self.repo.set_branch(self.promotion_ref, sha, push=self.push)
+        await self.repo.set_branch(self.promotion_ref, sha, push=self.push,
+                                   expected=expected_sha)
 
     async def commit_time(self, uri: str) -> datetime:
         sha = self._sha(uri)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import hashlib
 import os
 import re
 import signal
@@ -45,20 +44,25 @@ from pydantic import AfterValidator, BeforeValidator, ValidationInfo
 
 from streams.extensions.sourcecontrol.contract import (
     CommitNotFound,
+    PromotionMoved,
     SourceControlError,
     UnknownRef,
 )
+from streams.extensions.sourcecontrol.gituri import (
+    cache_name,
+    check_branch_name,
+    is_remote_url,
+    redact,
+    repository_identity,
+)
 from streams.schema.fields import NonEmptyStr, resolve_path
 
-URI_PREFIX = "git+"
 DEFAULT_LOCAL_TIMEOUT = 60.0  # seconds for a git command on this machine
 DEFAULT_REMOTE_TIMEOUT = 300.0  # seconds for a fetch or a push
 LOCK_POLL_INTERVAL = 0.05
 
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-_SCP_LIKE = re.compile(r"[^/]+:")  # git@host:path, host:path (a ':' before any '/')
-_BAD_REF_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\#]")
+_ZERO_SHA = "0" * 40  # update-ref's "must not exist yet"
 # variables that would point git (and builds) at another repository than the one named
 GIT_LOCATION_VARIABLES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
                           "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR",
@@ -75,70 +79,6 @@ _REMOTE_DENIED = ("authentication failed", "permission denied", "could not read 
 _REMOTE_SHA_REFUSED = ("not our ref", "unadvertised object", "couldn't find remote ref",
                        "no such remote ref", "bad object")
 _LOCK_CONTENTION = ("cannot lock ref", "unable to create", "index.lock", "is locked")
-
-
-# --- URIs and names -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GitCommit:
-    """What a git URI names: ``sha`` as seen on ``ref`` of ``repository``."""
-
-    repository: str
-    ref: str
-    sha: str
-
-
-def git_uri(repository: str, ref: str, sha: str) -> str:
-    """The URI minted for ``sha`` on ``ref`` of ``repository``."""
-    return f"{URI_PREFIX}{repository}#{ref}@{sha}"
-
-
-def parse_uri(uri: str) -> GitCommit:
-    """The commit a git URI names. Raises CommitNotFound for anything else.
-
-    Unambiguous because a sha is hex and a ref never contains '#' (`check_branch_name`);
-    the repository is whatever precedes the last '#'."""
-    rest, _, sha = uri.removeprefix(URI_PREFIX).rpartition("@")
-    repository, _, ref = rest.rpartition("#")
-    if not (uri.startswith(URI_PREFIX) and _SHA.fullmatch(sha) and repository and ref):
-        raise CommitNotFound(f"{uri!r} is not a git commit URI "
-                             f"(want {URI_PREFIX}<repository>#<ref>@<full sha>)")
-    return GitCommit(repository, ref, sha)
-
-
-def is_remote_url(repository: str) -> bool:
-    """Whether git reads ``repository`` as a URL (scheme://…, or scp-like host:path) rather
-    than a local path; the same rule git applies."""
-    return bool(_URL.match(repository)
-                or (_SCP_LIKE.match(repository) and not repository.startswith(("./", "/"))))
-
-
-def check_branch_name(name: str) -> str:
-    """``name`` if it is a usable branch name (without ``refs/heads/``), else ValueError.
-
-    A subset of git's rule (git check-ref-format), plus no '#' so URIs stay unambiguous."""
-    problem = None
-    if not name:
-        problem = "it is empty"
-    elif name.startswith("refs/"):
-        problem = "give the branch name without 'refs/…', e.g. 'main'"
-    elif name.startswith(("-", "/", ".")) or name.endswith(("/", ".", ".lock")):
-        problem = "it starts with '-', '/' or '.', or ends with '/', '.' or '.lock'"
-    elif ".." in name or "//" in name or "@{" in name or name == "@" or "/." in name:
-        problem = "it contains '..', '//', '/.' or '@{', or is '@'"
-    elif (bad := _BAD_REF_CHARS.search(name)) is not None:
-        problem = f"it contains {bad.group()!r}"
-    if problem:
-        raise ValueError(f"invalid branch name {name!r}: {problem}")
-    return name
-
-
-def cache_name(url: str) -> str:
-    """The cache directory name of a remote: readable, and unique per URL."""
-    tail = url.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1].removesuffix(".git")
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", tail).strip(".-")[:40] or "repo"
-    return f"{slug}-{hashlib.sha256(url.encode()).hexdigest()[:16]}.git"
 
 
 def git_environment() -> dict[str, str]:
@@ -159,7 +99,7 @@ class GitResult:
     stderr: str
 
     def detail(self) -> str:
-        text = (self.stderr.strip() or self.stdout.strip()).replace("\n", " | ")
+        text = redact((self.stderr.strip() or self.stdout.strip()).replace("\n", " | "))
         return text[:500] or f"exit status {self.code}"
 
 
@@ -245,11 +185,14 @@ class GitRepository:
         if not repository:
             raise ValueError("a git repository (a local path or a URL) must be non-empty")
         self.is_remote = is_remote_url(repository)
-        self.repository = (repository if self.is_remote
-                           else os.path.abspath(os.path.expanduser(repository)))
+        # the address git fetches from, credentials and all: never shown, never in a URI
+        self._address = (repository if self.is_remote
+                         else os.path.abspath(os.path.expanduser(repository)))
+        # how it is named everywhere else
+        self.repository = repository_identity(self._address)
         if self.is_remote and cache_root is None:
-            raise ValueError(f"the remote repository {repository} needs a cache directory "
-                             f"(cache_root) to fetch into")
+            raise ValueError(f"the remote repository {self.repository} needs a cache "
+                             f"directory (cache_root) to fetch into")
         self.cache_path: Path | None = (Path(cache_root) / cache_name(self.repository)
                                         if self.is_remote and cache_root is not None else None)
         self.local_timeout = local_timeout
@@ -351,21 +294,48 @@ class GitRepository:
                                      f"an unreadable date {result.stdout.strip()!r}") from None
         return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
-    async def set_branch(self, branch: str, sha: str, *, push: bool) -> None:
-        """Point ``branch`` at ``sha``: pushed (forced) to the repository, or updated in
-        the git directory itself (the repository when local, the cache when remote)."""
+    async def branch_sha(self, branch: str, *, pushed: bool) -> str | None:
+        """The sha ``branch`` points at, None when it does not exist: asked of the remote
+        itself when ``pushed`` (that is where `set_branch` moves it), else read in the git
+        directory."""
+        if pushed and self.is_remote:
+            result = await self.git("ls-remote", "origin", f"refs/heads/{branch}",
+                                    remote=True)
+            if result.code != 0:
+                raise _remote_failure(self.repository, f"ls-remote {branch!r}", result)
+            sha = result.stdout.split()[0] if result.stdout.strip() else ""
+            return sha if _SHA.fullmatch(sha) else None
+        result = await self.git("rev-parse", "--verify", "--quiet",
+                                f"refs/heads/{branch}^{{commit}}")
+        sha = result.stdout.strip()
+        return sha if result.code == 0 and _SHA.fullmatch(sha) else None
+
+    async def set_branch(self, branch: str, sha: str, *, push: bool,
+                         expected: str | None) -> None:
+        """Point ``branch`` at ``sha`` if it points at ``expected`` now (None: it must not
+        exist) — a compare-and-set, pushed with a lease to the repository, or updated in
+        the git directory itself (the repository when local, the cache when remote).
+        PromotionMoved when the branch is elsewhere."""
         if push:
             target = "origin" if self.is_remote else str(await self.git_dir())
-            result = await self.git("push", "--quiet", "--force", "--no-verify", target,
-                                    f"{sha}:refs/heads/{branch}", remote=True)
+            lease = f"--force-with-lease=refs/heads/{branch}:{expected or ''}"
+            result = await self.git("push", "--quiet", "--porcelain", lease, "--no-verify",
+                                    target, f"{sha}:refs/heads/{branch}", remote=True)
             if result.code != 0:
+                if "stale info" in (result.stdout + result.stderr):
+                    raise PromotionMoved(f"{branch!r} of {self.repository} is no longer at "
+                                         f"{expected}; not moving it to {sha}")
                 if self.is_remote:
                     raise _remote_failure(self.repository, f"push to {branch!r}", result)
                 raise _local_failure(self.repository, f"push to {branch!r}", result)
             return
         result = await self.git("update-ref", "-m", "stovepipe: promote",
-                                f"refs/heads/{branch}", sha)
+                                f"refs/heads/{branch}", sha, expected or _ZERO_SHA)
         if result.code != 0:
+            text = result.stderr.lower()
+            if "but expected" in text or "already exists" in text or "unable to resolve" in text:
+                raise PromotionMoved(f"{branch!r} of {self.repository} is no longer at "
+                                     f"{expected}; not moving it to {sha}")
             raise _local_failure(self.repository, f"update-ref {branch}", result)
 
     # --- helpers ---
@@ -380,7 +350,7 @@ class GitRepository:
             yield
 
     async def _discover_local(self) -> Path:
-        path = self.repository
+        path = self._address
         env = git_environment()
         # never walk up: a plain directory inside some other repository is not a repository
         env["GIT_CEILING_DIRECTORIES"] = os.path.dirname(path.rstrip("/")) or "/"
@@ -399,18 +369,31 @@ class GitRepository:
         assert cache is not None
         async with self._cache_lock(created=False):
             if await asyncio.to_thread((cache / "HEAD").exists):
+                # named by identity: after a credential rotation the cache is the same,
+                # and fetches from the address configured now
+                await self._set_origin(cache)
                 return cache
             # build it aside and rename it in: a crash never leaves a half-made cache
             scratch = cache.with_name(f".{cache.name}.{uuid.uuid4().hex[:8]}.tmp")
-            for args in (["init", "--quiet", "--bare", str(scratch)],
-                         [f"--git-dir={scratch}", "config", "remote.origin.url",
-                          self.repository]):
-                result = await run_git(args, deadline=self.local_timeout)
-                if result.code != 0:
-                    raise SourceControlError(f"cannot create the cache {cache} of "
-                                             f"{self.repository}: {result.detail()}")
+            result = await run_git(["init", "--quiet", "--bare", str(scratch)],
+                                   deadline=self.local_timeout)
+            if result.code != 0:
+                raise SourceControlError(f"cannot create the cache {cache} of "
+                                         f"{self.repository}: {result.detail()}")
+            await self._set_origin(scratch)
             await asyncio.to_thread(os.rename, scratch, cache)
         return cache
+
+    async def _set_origin(self, git_dir: Path) -> None:
+        current = await run_git([f"--git-dir={git_dir}", "config", "--get",
+                                 "remote.origin.url"], deadline=self.local_timeout)
+        if current.code == 0 and current.stdout.strip() == self._address:
+            return
+        result = await run_git([f"--git-dir={git_dir}", "config", "remote.origin.url",
+                                self._address], deadline=self.local_timeout)
+        if result.code != 0:
+            raise SourceControlError(f"cannot configure the cache {git_dir} of "
+                                     f"{self.repository}: {result.detail()}")
 
 
 # --- queues.yaml value types -------------------------------------------------------------
