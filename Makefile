@@ -22,10 +22,11 @@ $(STAMP): pyproject.toml
 venv: $(STAMP) ## Create .venv and install Stovepipe with its dev tools
 
 .PHONY: system-deps
-system-deps: ## Install PostgreSQL, git and Chromium from Debian's packages when missing (root)
+system-deps: ## Install PostgreSQL, git, Chromium and faketime from Debian's packages when missing (root)
 	@missing=""; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v git >/dev/null || missing="$$missing git"; \
+	command -v faketime >/dev/null || missing="$$missing faketime"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	[ -d /usr/share/fonts/truetype/liberation ] || missing="$$missing fonts-liberation"; \
 	if [ -z "$$missing" ]; then \

@@ -45,17 +45,19 @@ class Pipeline:
         self.app_id = f"{prefix}stovepipe-{uuid.uuid4().hex[:6]}"
         self.workers: list[subprocess.Popen[bytes]] = []
         self._log_index = 0
+        self.sweep_interval = 1.0
 
     # -- configuration -------------------------------------------------------------
     def add_queue(self, name: str, *, max_concurrent: int = 1, poll_deadline: str = "60s",
                   promotion_ref: str | None = "verified-main", ref: str | None = None,
-                  **extra: Any) -> str:
+                  source_latency: dict[str, str] | None = None, **extra: Any) -> str:
         ref = ref or f"{name}-main"
         self.queues[name] = {
             "source_control": {"kind": "fake", "path": str(self.repo_file), "repo": "r",
                                "ref": ref,
                                **({"promotion_ref": f"{ref}-{promotion_ref}"}
-                                  if promotion_ref else {})},
+                                  if promotion_ref else {}),
+                               **({"latency": source_latency} if source_latency else {})},
             "build_runner": {"kind": "fake", "state_dir": str(self.cancel_dir)},
             "max_concurrent": max_concurrent,
             "gate_delay": "200ms",
@@ -67,21 +69,46 @@ class Pipeline:
         self.queues_file.write_text(yaml.safe_dump({"queues": self.queues}))
         return ref
 
+    def add_raw_queue(self, name: str, body: dict[str, Any]) -> None:
+        """A queue as written in queues.yaml, e.g. with a git source control."""
+        self.queues[name] = body
+        self.queues_file.write_text(yaml.safe_dump({"queues": self.queues}))
+
     @property
     def env(self) -> dict[str, str]:
         return dict(os.environ, STOVEPIPE_KAFKA_BOOTSTRAP=self.bootstrap,
                     STOVEPIPE_POSTGRES_DSN=self.dsn, STOVEPIPE_TOPIC_PREFIX=self.prefix,
                     STOVEPIPE_TOPICS_FILE=str(self.topics_file),
-                    STOVEPIPE_QUEUES_FILE=str(self.queues_file), STOVEPIPE_APP_ID=self.app_id)
+                    STOVEPIPE_QUEUES_FILE=str(self.queues_file), STOVEPIPE_APP_ID=self.app_id,
+                    STOVEPIPE_SWEEP_INTERVAL=str(self.sweep_interval),
+                    STOVEPIPE_HOME=str(self.root / "home"))
+
+    def release(self, latch: str) -> None:
+        """Let every fake build whose head carries ``latch<latch>`` finish."""
+        latches = self.cancel_dir / "latches"
+        latches.mkdir(exist_ok=True)
+        (latches / latch).touch()
+
+    def cancelled_builds(self) -> set[str]:
+        """The build ids the fake runner was asked to cancel."""
+        log = self.cancel_dir / "cancelled.log"
+        return {line.split(" ")[0] for line in log.read_text().splitlines()} \
+            if log.exists() else set()
 
     # -- processes -----------------------------------------------------------------
-    def start_worker(self) -> subprocess.Popen[bytes]:
+    def start_worker(self, *, wrapper: list[str] | None = None,
+                     env: dict[str, str] | None = None,
+                     web_port: int | None = None) -> subprocess.Popen[bytes]:
+        """A worker process; ``wrapper`` runs it under another command (e.g. faketime).
+        Without ``web_port`` it serves no HTTP: workers of one test would race for the
+        default port."""
         self._log_index += 1
+        web = ["--web-port", str(web_port)] if web_port else ["--no-web"]
         with open(self.root / f"worker-{self._log_index}.log", "wb") as log:
-            # no HTTP: workers of one test would race for the default port
-            proc = subprocess.Popen([*STOVEPIPE, "worker", "--loglevel", "info", "--no-web"],
-                                    env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                    cwd=REPO_ROOT)
+            proc = subprocess.Popen([*(wrapper or []), *STOVEPIPE, "worker", "--loglevel",
+                                     "info", *web],
+                                    env={**self.env, **(env or {})}, stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=REPO_ROOT)
         self.workers.append(proc)
         return proc
 
@@ -103,6 +130,13 @@ class Pipeline:
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-4000:]
                          for p in sorted(self.root.glob("worker-*.log")))
+
+    def full_logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")
+                         for p in sorted(self.root.glob("worker-*.log")))
+
+    def log_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.root.glob("worker-*.log"))
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         result = subprocess.run([*STOVEPIPE, *args], env=self.env, capture_output=True,
@@ -184,7 +218,7 @@ class Pipeline:
                 if green_id != newest:
                     problems.append(f"{name}: bookmark {green_id}, newest green {newest}")
             sc = self.queues.get(name, {}).get("source_control", {})
-            if strict_bookmark and sc.get("promotion_ref"):
+            if strict_bookmark and sc.get("promotion_ref") and sc.get("kind") == "fake":
                 promoted = self.repo.promoted(sc["promotion_ref"])
                 expected = green_uri.rsplit("/", 1)[1] if green_uri else None
                 if promoted != expected:
@@ -197,12 +231,67 @@ class Pipeline:
                 problems.append(f"fact degree {degree} but {rid} is {states.get(rid)}")
         return problems
 
+    def exact_outcome_problems(self, *, dead_letters_allowed: bool = False) -> list[str]:
+        """Every Request ended as its head says, however it got there: a crash or an
+        outage may delay an outcome, never change it. Superseded only below its queue's
+        latest; succeeded only for a head without `fail`, with a green fact; failed only
+        for a head with `fail`, with a red fact (a Request failed by a reconciler has no
+        fact); nothing dead-lettered and nothing parked."""
+        problems = []
+        latest = dict(self.query("SELECT name, latest_request_id FROM queue"))
+        facts = {r: d for r, d in self.query("SELECT request_id, degree FROM validation_fact")}
+        for queue, rid, uri, state in self.query("SELECT queue, id, uri, state FROM request"):
+            fails = "fail" in uri.rsplit("/", 1)[1].split("-")
+            if state == "superseded":
+                ok = rid != latest.get(queue)
+            elif state == "succeeded":
+                ok = not fails and facts.get(rid) == 0
+            elif state == "failed":
+                ok = fails and facts.get(rid) == 1
+            else:
+                ok = False
+            if not ok:
+                problems.append(f"{rid} ({uri}) ended {state} with fact {facts.get(rid)}")
+        if dead_letters_allowed:  # garbage was sent: what it caused is checked by the caller
+            return problems
+        dead = self.dead_letters()
+        if dead:
+            problems.append(f"{dead} message(s) dead-lettered")
+        parked = self.query("SELECT topic, error FROM parked_message")
+        if parked:
+            problems.append(f"parked: {parked[:5]}")
+        return problems
+
+    def dead_letters(self) -> int:
+        """Messages ever produced to the `_dlq` topics."""
+        return topic_sizes(self.bootstrap,
+                           [t.full_name for t in self.topics.dead_letters.values()])
+
     def dump(self) -> dict[str, list[tuple[Any, ...]]]:
         tables = {"queue": "name", "request": "queue, id", "request_uri": "queue, uri",
                   "build": "queue, id", "validation_fact": "queue, uri, project",
                   "queue_counter": "queue", "parked_message": "id"}
         return {t: self.query(f"SELECT * FROM {t} ORDER BY {order}")
                 for t, order in tables.items()}
+
+
+def topic_sizes(bootstrap: str, topics: list[str]) -> int:
+    """Messages ever written to ``topics`` (the sum of their partitions' end offsets)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"sizes-{uuid.uuid4()}",
+                         "enable.auto.commit": False})
+    try:
+        metadata = consumer.list_topics(timeout=10)
+        total = 0
+        for topic in topics:
+            for p in metadata.topics[topic].partitions:
+                _, high = consumer.get_watermark_offsets(TopicPartition(topic, p),
+                                                         timeout=10)
+                total += high
+        return total
+    finally:
+        consumer.close()
 
 
 def group_lag(bootstrap: str, group: str, topics: list[str]) -> int:

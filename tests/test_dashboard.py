@@ -91,7 +91,7 @@ def test_the_dashboard_shows_queues_requests_and_facts(web: WebPipeline,
     web.repo.push(main, "b2-fail")
     web.post("/api/queues/team/main/ingest", token=None)
     web.wait_quiet()
-    web.repo.push(app, "w2-slow60")  # still building while the page is looked at
+    web.repo.push(app, "w2-latchW2")  # building while the page is looked at (never released)
     web.post("/api/queues/web/app/ingest", token=None)
     wait_until(lambda: web.states().get("request/web/app/2") == "processing", timeout=60,
                what="web/app's second Request to be building")

@@ -8,13 +8,8 @@ records every Maven invocation, so the tests can assert that a cached start runs
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import shutil
-import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,107 +18,9 @@ import psycopg
 import pytest
 
 from streams.config import settings as settings_mod
-from streams.devstack import (
-    ENV_DEV_KAFKA_CONTROLLER_PORT,
-    ENV_DEV_KAFKA_PORT,
-    ENV_DEV_POSTGRES_PORT,
-    KAFKA_VERSION,
-    postgres_root,
-)
-from streams.devstack.common import pid_alive, read_pid
-
-STOVEPIPE = Path(sys.executable).parent / "stovepipe"
-CALL_TIMEOUT = 180
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _base_env(home: Path, ports: list[int], path_prefix: Path | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in (settings_mod.ENV_KAFKA_BOOTSTRAP, settings_mod.ENV_POSTGRES_DSN)}
-    env[settings_mod.ENV_HOME] = str(home)
-    env[ENV_DEV_KAFKA_PORT], env[ENV_DEV_KAFKA_CONTROLLER_PORT], env[ENV_DEV_POSTGRES_PORT] = (
-        str(port) for port in ports
-    )
-    if path_prefix is not None:
-        env["PATH"] = f"{path_prefix}{os.pathsep}{env.get('PATH', '')}"
-    return env
-
-
-def dev(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run([str(STOVEPIPE), "dev", *args], env=env, capture_output=True,
-                         text=True, timeout=CALL_TIMEOUT, check=False)
-    assert "Traceback" not in out.stderr, out.stderr
-    return out
-
-
-def _text(out: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {out.returncode}\n--- stdout\n{out.stdout}--- stderr\n{out.stderr}"
-
-
-class ThrowawayStack:
-    def __init__(self, root: Path) -> None:
-        self.home = root / "home"
-        self.ports = _free_ports(3)
-        self.kafka_port, self.controller_port, self.postgres_port = self.ports
-        self.bootstrap = f"127.0.0.1:{self.kafka_port}"
-        self.dsn = f"postgresql://stovepipe@127.0.0.1:{self.postgres_port}/stovepipe"
-        self.mvn_calls = root / "mvn-calls"
-        bindir = root / "bin"
-        bindir.mkdir()
-        real_mvn = shutil.which("mvn")
-        wrapper = bindir / "mvn"
-        wrapper.write_text(
-            "#!/bin/sh\n"
-            f"echo \"$*\" >> '{self.mvn_calls}'\n"
-            + (f"exec '{real_mvn}' \"$@\"\n" if real_mvn else "exit 127\n")
-        )
-        wrapper.chmod(0o755)
-        self.env = _base_env(self.home, self.ports, bindir)
-        self.settings = dataclasses.replace(settings_mod.load_settings(), home=self.home)
-        self.cache_copied = self._reuse_default_cache()
-
-    def _reuse_default_cache(self) -> bool:
-        name = f"kafka-{KAFKA_VERSION}"
-        default = Path.home() / ".stovepipe" / "cache" / name
-        if not (default / ".complete").is_file() or not (default / "libs").is_dir():
-            return False
-        target = self.home / "cache" / name
-        shutil.copytree(default / "libs", target / "libs")
-        shutil.copy2(default / ".complete", target / ".complete")
-        return True
-
-    def mvn_call_count(self) -> int:
-        try:
-            return len(self.mvn_calls.read_text().splitlines())
-        except FileNotFoundError:
-            return 0
-
-    def kafka_pid(self) -> int | None:
-        return read_pid(self.home / "dev" / "kafka" / "kafka.pid")
-
-    def postgres_pid(self) -> int | None:
-        return read_pid(postgres_root(self.settings) / "data" / "postmaster.pid")
-
-    def teardown(self) -> None:
-        try:
-            dev(self.env, "down")
-        finally:
-            pid = self.kafka_pid()  # should be gone; never leave a broker behind
-            if pid is not None and pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-            shutil.rmtree(postgres_root(self.settings), ignore_errors=True)
+from streams.devstack import ENV_DEV_KAFKA_PORT
+from streams.devstack.common import pid_alive
+from tests.stack_support import ThrowawayStack, base_env, describe_run, dev, free_ports
 
 
 @pytest.fixture(scope="module")
@@ -138,9 +35,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThrowawayStack]:
 @pytest.mark.slow
 def test_up_twice_status_down_and_cached_restart(stack: ThrowawayStack) -> None:
     first = dev(stack.env, "up")
-    assert first.returncode == 0, _text(first)
-    assert f"started, bootstrap {stack.bootstrap}" in first.stdout, _text(first)
-    assert f"started, dsn {stack.dsn}" in first.stdout, _text(first)
+    assert first.returncode == 0, describe_run(first)
+    assert f"started, bootstrap {stack.bootstrap}" in first.stdout, describe_run(first)
+    assert f"started, dsn {stack.dsn}" in first.stdout, describe_run(first)
     assert "server.log" in first.stdout and "postgres.log" in first.stdout
     assert "Stack ready in" in first.stdout
     assert stack.mvn_call_count() == (0 if stack.cache_copied else 1)
@@ -163,36 +60,36 @@ def test_up_twice_status_down_and_cached_restart(stack: ThrowawayStack) -> None:
     # Idempotent: the second call reuses both processes and is quick.
     started = time.monotonic()
     second = dev(stack.env, "up")
-    assert second.returncode == 0, _text(second)
+    assert second.returncode == 0, describe_run(second)
     assert time.monotonic() - started < 10
-    assert second.stdout.count("already running") == 2, _text(second)
+    assert second.stdout.count("already running") == 2, describe_run(second)
     assert (stack.kafka_pid(), stack.postgres_pid()) == (kafka_pid, postgres_pid)
 
     status = dev(stack.env, "status")
-    assert status.returncode == 0, _text(status)
+    assert status.returncode == 0, describe_run(status)
     assert status.stdout.count("healthy") == 2 and "UNHEALTHY" not in status.stdout
 
     down = dev(stack.env, "down")
-    assert down.returncode == 0, _text(down)
-    assert down.stdout.count("stopped (pid") == 2, _text(down)
+    assert down.returncode == 0, describe_run(down)
+    assert down.stdout.count("stopped (pid") == 2, describe_run(down)
     assert not pid_alive(kafka_pid) and not pid_alive(postgres_pid)
 
     after = dev(stack.env, "status")
-    assert after.returncode == 1, _text(after)
-    assert after.stdout.count("not running") == 2, _text(after)
+    assert after.returncode == 1, describe_run(after)
+    assert after.stdout.count("not running") == 2, describe_run(after)
 
     again = dev(stack.env, "down")
-    assert again.returncode == 0, _text(again)
-    assert again.stdout.count("not running") == 2, _text(again)
+    assert again.returncode == 0, describe_run(again)
+    assert again.stdout.count("not running") == 2, describe_run(again)
 
     # Restart from the cache: no Maven, storage not formatted again.
     calls = stack.mvn_call_count()
     restart = dev(stack.env, "up")
-    assert restart.returncode == 0, _text(restart)
+    assert restart.returncode == 0, describe_run(restart)
     assert stack.mvn_call_count() == calls
     assert "Maven" not in restart.stdout and "formatting" not in restart.stdout
     assert "initdb" not in restart.stdout
-    assert restart.stdout.count("started,") == 2, _text(restart)
+    assert restart.stdout.count("started,") == 2, describe_run(restart)
 
 
 @pytest.mark.slow
@@ -200,13 +97,13 @@ def test_endpoints_from_the_environment_start_nothing(
     stack: ThrowawayStack, tmp_path: Path
 ) -> None:
     assert dev(stack.env, "up").returncode == 0
-    ports = _free_ports(3)
-    env = _base_env(tmp_path / "home", ports)
+    ports = free_ports(3)
+    env = base_env(tmp_path / "home", ports)
     env[settings_mod.ENV_KAFKA_BOOTSTRAP] = stack.bootstrap
     env[settings_mod.ENV_POSTGRES_DSN] = stack.dsn
 
     up = dev(env, "up")
-    assert up.returncode == 0, _text(up)
+    assert up.returncode == 0, describe_run(up)
     assert f"using {stack.bootstrap} from {settings_mod.ENV_KAFKA_BOOTSTRAP}" in up.stdout
     assert f"using {stack.dsn} from {settings_mod.ENV_POSTGRES_DSN}" in up.stdout
     assert "started," not in up.stdout
@@ -214,16 +111,16 @@ def test_endpoints_from_the_environment_start_nothing(
     assert not any(_listening(port) for port in ports)
 
     status = dev(env, "status")
-    assert status.returncode == 0, _text(status)
-    assert status.stdout.count("healthy") == 2, _text(status)
+    assert status.returncode == 0, describe_run(status)
+    assert status.stdout.count("healthy") == 2, describe_run(status)
 
     env[settings_mod.ENV_KAFKA_BOOTSTRAP] = f"127.0.0.1:{ports[0]}"  # nothing listens
     dead = dev(env, "status")
-    assert dead.returncode == 1, _text(dead)
+    assert dead.returncode == 1, describe_run(dead)
     assert "UNHEALTHY" in dead.stdout
 
     down = dev(env, "down")
-    assert down.returncode == 0, _text(down)
+    assert down.returncode == 0, describe_run(down)
     assert pid_alive(stack.kafka_pid() or 0), "down must not stop an external broker"
 
 
@@ -234,26 +131,26 @@ def _listening(port: int) -> bool:
 
 
 def test_port_taken_is_a_clear_error(tmp_path: Path) -> None:
-    env = _base_env(tmp_path / "home", _free_ports(3))
+    env = base_env(tmp_path / "home", free_ports(3))
     env[settings_mod.ENV_POSTGRES_DSN] = "postgresql://nobody@127.0.0.1:1/none"
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", int(env[ENV_DEV_KAFKA_PORT])))
         squatter.listen()
         out = dev(env, "up")
-    assert out.returncode == 1, _text(out)
+    assert out.returncode == 1, describe_run(out)
     assert f"Port {env[ENV_DEV_KAFKA_PORT]} on 127.0.0.1" in out.stderr
     assert ENV_DEV_KAFKA_PORT in out.stderr
 
 
 def test_down_ignores_a_stale_pid_file(tmp_path: Path) -> None:
-    env = _base_env(tmp_path / "home", _free_ports(3))
+    env = base_env(tmp_path / "home", free_ports(3))
     bystander = subprocess.Popen(["sleep", "60"])
     try:
         pid_file = tmp_path / "home" / "dev" / "kafka" / "kafka.pid"
         pid_file.parent.mkdir(parents=True)
-        pid_file.write_text(f"{bystander.pid}\n")
+        pid_file.writedescribe_run(f"{bystander.pid}\n")
         out = dev(env, "down")
-        assert out.returncode == 0, _text(out)
+        assert out.returncode == 0, describe_run(out)
         assert "stale pid file" in out.stdout
         assert bystander.poll() is None, "down killed a process it did not start"
         assert not pid_file.exists()

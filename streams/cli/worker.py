@@ -3,11 +3,14 @@ dashboard and /metrics on the same web server. Scale out by starting more."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 import psycopg
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 from click.core import ParameterSource
 
 from store import migrations
@@ -30,7 +33,6 @@ from streams.config.settings import (
     Settings,
 )
 from streams.config.topics import TopicsConfig, TopicsConfigError, load_topics
-from streams.runtime.topic_admin import TopicsAdminError, admin_conf_for, ensure_topics
 
 if TYPE_CHECKING:
     import faust
@@ -123,17 +125,32 @@ def check_dependencies(current: Settings, topics: TopicsConfig) -> None:
         names = ", ".join(f"{m.version}_{m.name}" for m in pending)
         raise click.ClickException(f"the database at {postgres_endpoint(dsn)} lacks the "
                                    f"migrations {names}: run `stovepipe db migrate`")
-    try:
-        report = ensure_topics(admin_conf_for(current.kafka_bootstrap), topics, create=False,
-                               timeout=CONNECT_DEADLINE)
-    except TopicsAdminError:
-        raise kafka_unreachable(current.kafka_bootstrap,
-                                f"no answer within {CONNECT_DEADLINE:g}s") from None
-    missing = [s.name for s in report if not s.ok]
+    missing = _missing_topics(current.kafka_bootstrap, topics)
     if missing:
         raise click.ClickException(
             f"Kafka at {current.kafka_bootstrap} lacks {len(missing)} topic(s) of "
             f"{topics.path} (first: {missing[0]}): run `stovepipe topics create`")
+
+
+def _missing_topics(bootstrap: str, topics: TopicsConfig) -> list[str]:
+    """The topics of ``topics`` the broker lacks; a one-line error when it does not answer.
+    Asked through aiokafka, the client the worker itself runs on."""
+
+    async def ask() -> set[str]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        try:
+            async with asyncio.timeout(CONNECT_DEADLINE):
+                await consumer.start()
+                return set(await consumer.topics())
+        finally:
+            await consumer.stop()
+
+    try:
+        existing = asyncio.run(ask())
+    except (KafkaError, TimeoutError, OSError) as exc:
+        raise kafka_unreachable(bootstrap, exc if not isinstance(exc, TimeoutError) else
+                                f"no answer within {CONNECT_DEADLINE:g}s") from None
+    return [t.full_name for t in topics.all_topics() if t.full_name not in existing]
 
 
 def _web_port(web_port: int, no_web: bool) -> int | None:

@@ -48,7 +48,7 @@ class LineLimit(logging.Filter):
                 record.exc_text = logging.Formatter().formatException(record.exc_info)
             if record.exc_text and len(record.exc_text) > self.limit:
                 record.exc_text = bounded(record.exc_text, self.limit)
-            record.msg, record.args = bounded(message, self.limit), None
+            record.msg, record.args = bounded(message, self.limit), ()
         return True
 
 
@@ -79,7 +79,7 @@ class Repeats(logging.Filter):
         if held:
             record.msg = f"{record.getMessage()} ({held} more like this in the last " \
                          f"{self.window:.0f}s not shown)"
-            record.args = None
+            record.args = ()
         return True
 
 

@@ -254,12 +254,27 @@ class ParkingDatabase(Protocol):
     def parked(self) -> ParkingStore: ...
 
 
+PARKED_BYTES_LIMIT = 64 * 1024  # of a parked key or value: past any payload of ours
+PARKED_HEADERS_LIMIT = 32
+
+
 def park_into(db: ParkingDatabase) -> Park:
-    """Park undecodable reconciler messages in the store's ``parked_message`` table."""
+    """Park reconciler messages that can never be reconciled in the store's
+    ``parked_message`` table. Bounded: a key or value is kept up to `PARKED_BYTES_LIMIT`
+    bytes (no payload of ours comes near), header values and the reason to `bounded`
+    lengths, with what was cut noted in the reason."""
 
     async def park(stage: str, msg: Incoming, error: str) -> None:
+        cut = [f"{what} of {len(data)} bytes kept to {PARKED_BYTES_LIMIT}"
+               for what, data in (("key", msg.key), ("value", msg.value))
+               if data is not None and len(data) > PARKED_BYTES_LIMIT]
+        headers = [(bounded(k, 64), bounded(v.decode("utf-8", "replace")).encode())
+                   for k, v in msg.headers[:PARKED_HEADERS_LIMIT]]
+        reason = bounded(error) + (f" ({'; '.join(cut)})" if cut else "")
         await db.parked.park(topic=msg.topic, partition=msg.partition, offset=msg.offset,
-                             key=msg.key, value=msg.value, headers=msg.headers, error=error)
+                             key=msg.key[:PARKED_BYTES_LIMIT] if msg.key else msg.key,
+                             value=msg.value[:PARKED_BYTES_LIMIT] if msg.value else msg.value,
+                             headers=headers, error=reason)
 
     return park
 

@@ -84,15 +84,15 @@ async def cancel_build(ctx: StageContext, build: Build, why: str) -> Build:
 
 async def _refresh_status(ctx: StageContext, build: Build, deadline_s: float) -> Build:
     runner = ctx.deps.extensions.build_runner(build.queue)
+    status = (await runner.status(build.id)).status
     age = build.age  # by the database's clock: a worker's clock never shortens a deadline
-    if age > deadline_s:
-        # a hung build must not wedge its queue: stop it and count it as not green
+    if not status.is_terminal and age > deadline_s:
+        # a hung build must not wedge its queue: stop it and count it as not green (one
+        # that ended meanwhile, even unseen through an outage, keeps its own outcome)
         await runner.cancel(build.id)
         ctx.log.warning("poll_deadline build_id=%s age=%.0fs deadline=%.0fs", build.id,
                         age, deadline_s)
         status = BuildStatus.FAILED
-    else:
-        status = (await runner.status(build.id)).status
     return await _store_status(ctx, build, status)
 
 

@@ -26,11 +26,17 @@ class Irreconcilable(Exception):
     Non-retryable, like every error not classified otherwise."""
 
 
-async def fail_request(ctx: StageContext, queue_name: str, request_id: str) -> Outcome:
+async def fail_request(ctx: StageContext, queue_name: str, request_id: str, *,
+                       admitted_only: bool = False) -> Outcome:
     """Fail-closed: a Request whose work can never complete ends `failed`, never green.
     A `processing` Request gives its slot back in the same transaction, and every build
-    of it still running is cancelled at its runner."""
+    of it still running is cancelled at its runner. With ``admitted_only`` an ``accepted``
+    Request is not the message's to fail: only an admitted Request has a build to run,
+    so a build message about one that is not is forged or stray (parked, harming none)."""
     request = await _named_request(ctx.deps, queue_name, request_id)
+    if admitted_only and request.state is RequestState.ACCEPTED:
+        raise Irreconcilable(f"request {request.id} was never admitted: no build of it can "
+                             f"have failed")
 
     async def step() -> Request:
         current = await ctx.deps.db.requests.get(request.queue, request.id)
@@ -68,7 +74,7 @@ async def handle_process_dlq(payload: ProcessRequest, ctx: StageContext) -> Outc
 
 
 async def handle_build_dlq(payload: BuildRequest, ctx: StageContext) -> Outcome:
-    return await fail_request(ctx, payload.queue_name, payload.id)
+    return await fail_request(ctx, payload.queue_name, payload.id, admitted_only=True)
 
 
 async def handle_buildsignal_dlq(payload: BuildSignal, ctx: StageContext) -> Outcome:
