@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
@@ -161,8 +162,12 @@ class Delivery(Generic[D]):
         backoff = OUTAGE_FIRST_BACKOFF
         waited = 0.0
         while True:
+            pending: list[tuple[str, asyncio.Future[Any]]] = []
+            token = _unacknowledged.set(pending)
             try:
-                return await stage.handle(payload, ctx)
+                outcome = await stage.handle(payload, ctx)
+                await _acknowledged(pending)  # every publish of the handler, together
+                return outcome
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - nothing a handler raises reaches Faust
@@ -175,6 +180,8 @@ class Delivery(Generic[D]):
                 await asyncio.sleep(backoff)
                 waited += backoff
                 backoff = min(backoff * 2, OUTAGE_MAX_BACKOFF)
+            finally:
+                _unacknowledged.reset(token)
 
     async def _perform(self, stage: Stage[Any], route: Route, msg: Incoming, outcome: Outcome,
                        action: Action, ctx: Context[D]) -> None:
@@ -287,18 +294,53 @@ class PublishFailed(RetryableError):
     """The broker did not acknowledge a message a handler published."""
 
 
+# The acknowledgements a delivery still waits for: a handler's publishes are sent without
+# waiting, one after another, and the delivery waits for all of them together before its
+# source offset may be committed. None outside a delivery (the CLI): each publish waits.
+_unacknowledged: ContextVar[list[tuple[str, asyncio.Future[Any]]] | None] = ContextVar(
+    "stovepipe_unacknowledged", default=None)
+
+
 async def publish_payload(producer: AIOKafkaProducer, topic: str, payload: Message,
                           key_field: str) -> None:
-    """Produce ``payload`` and wait for the broker's ack. A failure is always a retryable
-    failure of the delivery (it must not be only logged, nor dead-letter the source)."""
+    """Produce ``payload``: within a delivery, without waiting for the broker's ack (the
+    delivery waits for every ack before its offset is committed); outside one, waiting.
+    A failure is always a retryable failure of the delivery (it must not be only logged,
+    nor dead-letter the source)."""
     try:
-        await producer.send_and_wait(topic, value=marshal(payload),
+        future = await producer.send(topic, value=marshal(payload),
                                      key=message_key(payload, key_field))
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # whatever the client raised, the delivery retries
-        metrics.PRODUCE_FAILURES.labels(topic=topic).inc()
-        raise PublishFailed(f"publish to {topic} failed: {exc!r}") from exc
+        raise _publish_failed(topic, exc) from exc
+    pending = _unacknowledged.get()
+    if pending is None:
+        await _acknowledged([(topic, future)])
+    else:
+        pending.append((topic, future))
+
+
+async def _acknowledged(sent: list[tuple[str, asyncio.Future[Any]]]) -> None:
+    """Returns once the broker acknowledged every message of ``sent``; PublishFailed for
+    the first it refused (each one is waited for, none left unobserved)."""
+    failure: PublishFailed | None = None
+    for topic, future in sent:
+        try:
+            await future
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the client raised: retried
+            failure = failure or _publish_failed(topic, exc)
+    if failure is not None:
+        raise failure
+
+
+def _publish_failed(topic: str, exc: BaseException) -> PublishFailed:
+    metrics.PRODUCE_FAILURES.labels(topic=topic).inc()
+    failed = PublishFailed(f"publish to {topic} failed: {exc!r}")
+    failed.__cause__ = exc
+    return failed
 
 
 async def _until_done(step: Callable[[], Awaitable[None]], *, what: str,

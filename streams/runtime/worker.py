@@ -1,9 +1,11 @@
 """A Faust worker running stages over the delivery runtime.
 
-One agent per stage topic, each a thin loop: wait until the runtime is started, hand each
-event to `Delivery.deliver`, acknowledge it after. Acks are manual (``noack``) so that an
-event interrupted by shutdown or a crash is never acknowledged, and in order (one actor
-per agent), which keeps Faust's committed offset from skipping an event still in progress.
+One agent per stage topic, each a thin loop: wait until the runtime is started, then hand
+each event to the stage's lanes (`streams.runtime.lanes`), which run `Delivery.deliver`
+for many events at once, one key at a time, and acknowledge each event once it and every
+earlier event of its partition are done. Acks are manual (``noack``) so that an event
+interrupted by shutdown or a crash is never acknowledged, and in order per partition,
+which keeps Faust's committed offset from skipping an event still in progress.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from streams.config.settings import load_settings
 from streams.runtime import logs
 from streams.runtime.delay import DelayScheduler, DelayTiers
 from streams.runtime.kafka import KafkaPublisher, TopicRoute
+from streams.runtime.lanes import Lanes
 from streams.runtime.periodic import PeriodicTask, run_periodically
 from streams.runtime.stage import (
     Delivery,
@@ -49,6 +52,7 @@ class WorkerConfig:
     delay_tiers: dict[str, float]  # tier topic name -> delay in seconds
     web_port: int | None = None
     commit_interval: float = 0.5
+    max_in_flight: int = 1000  # messages under way at once in one worker
 
 
 D = TypeVar("D")  # what the worker's handlers share, e.g. streams.stages.deps.Deps
@@ -85,6 +89,8 @@ class RuntimeService(Generic[D]):
         self.open_deps = open_deps
         self.periodic = tuple(periodic)
         self._timers: list[asyncio.Task[None]] = []
+        # messages under way in this worker, across its stages (streams.runtime.lanes)
+        self.slots = asyncio.Semaphore(config.max_in_flight)
         self.ready = asyncio.Event()
         self.delivery: Delivery[D] | None = None
         self._publisher: KafkaPublisher | None = None
@@ -187,7 +193,8 @@ def _agent_for(stage: Stage[Any],
         await runtime.ready.wait()
         delivery = runtime.delivery
         assert delivery is not None
-        async for event in stream.noack().events():
+
+        async def deliver(event: Any) -> None:
             message = event.message
             await delivery.deliver(stage, Incoming(
                 topic=message.topic, partition=message.partition, offset=message.offset,
@@ -195,7 +202,16 @@ def _agent_for(stage: Stage[Any],
                 headers=[(k, bytes(v)) for k, v in (message.headers or ())],
                 timestamp=message.timestamp or 0.0,
             ))
-            event.ack()
+
+        lanes = Lanes(deliver, slots=runtime.slots,
+                      key_of=lambda event: event.message.key,
+                      partition_of=lambda event: event.message.tp,
+                      ack=lambda event: event.ack())
+        try:
+            async for event in stream.noack().events():
+                await lanes.submit(event)
+        finally:
+            await lanes.close()
 
     run_stage.__name__ = f"stage_{stage.key}"
     return run_stage
