@@ -148,7 +148,7 @@ def test_down_ignores_a_stale_pid_file(tmp_path: Path) -> None:
     try:
         pid_file = tmp_path / "home" / "dev" / "kafka" / "kafka.pid"
         pid_file.parent.mkdir(parents=True)
-        pid_file.writedescribe_run(f"{bystander.pid}\n")
+        pid_file.write_text(f"{bystander.pid}\n")
         out = dev(env, "down")
         assert out.returncode == 0, describe_run(out)
         assert "stale pid file" in out.stdout
