@@ -8,23 +8,45 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
+from typing import Any
 
 import click
 
-from streams.cli.db import db_group
-from streams.cli.demo import demo_command
-from streams.cli.dev import dev_group
-from streams.cli.dlq import dlq_group
-from streams.cli.ingest import ingest_command, poll_command
-from streams.cli.parked import parked_group
-from streams.cli.replay import replay_command
-from streams.cli.show import fact_command, queue_command, request_command
-from streams.cli.topics import topics_group
-from streams.cli.worker import worker_command
+# Each command is imported only when it is run: a command that reads the database starts
+# without loading Faust, the stages or the queues.yaml models.
+COMMANDS: dict[str, str] = {
+    "dev": "streams.cli.dev:dev_group",
+    "db": "streams.cli.db:db_group",
+    "topics": "streams.cli.topics:topics_group",
+    "worker": "streams.cli.worker:worker_command",
+    "ingest": "streams.cli.ingest:ingest_command",
+    "request": "streams.cli.show:request_command",
+    "queue": "streams.cli.show:queue_command",
+    "fact": "streams.cli.show:fact_command",
+    "replay": "streams.cli.replay:replay_command",
+    "dlq": "streams.cli.dlq:dlq_group",
+    "parked": "streams.cli.parked:parked_group",
+    "poll": "streams.cli.ingest:poll_command",
+    "demo": "streams.cli.demo:demo_command",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyCommands(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        command: Any = getattr(importlib.import_module(module), attr)
+        return command  # type: ignore[no-any-return]
+
+
+@click.group(cls=_LazyCommands, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Stovepipe: at which commit is this branch green?"""
     # The clients' own warnings (a connection pool retrying, librdkafka reconnecting)
@@ -32,9 +54,3 @@ def main() -> None:
     # failure in one line of its own instead. The worker configures logging itself.
     for name in ("psycopg", "aiokafka", "kafka"):
         logging.getLogger(name).addHandler(logging.NullHandler())
-
-
-for _command in (dev_group, db_group, topics_group, worker_command, ingest_command,
-                 request_command, queue_command, fact_command, replay_command, dlq_group,
-                 parked_group, poll_command, demo_command):
-    main.add_command(_command)

@@ -17,7 +17,7 @@ from aiokafka.errors import KafkaError
 from store import Database, StoreError
 from streams.cli.failures import kafka_unreachable, postgres_unreachable
 from streams.config import settings as settings_mod
-from streams.config.queues import InvalidQueueName, QueueConfigError, UnknownQueue
+from streams.config.names import InvalidQueueName, QueueConfigError, UnknownQueue
 from streams.extensions.sourcecontrol import SourceControlError
 from streams.web import queries
 

@@ -19,7 +19,6 @@ file, so a configuration means the same from any working directory.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,6 +29,12 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from streams.config import settings as settings_mod
+from streams.config.names import (
+    InvalidQueueName,
+    QueueConfigError,
+    UnknownQueue,
+    validate_queue_name,
+)
 from streams.extensions import ExtensionContext
 from streams.extensions.buildrunner import BuildRunner, BuildRunnerSpec
 from streams.extensions.sourcecontrol import SourceControl, SourceControlSpec
@@ -38,77 +43,7 @@ from streams.schema.fields import Duration, KindInfo, PositiveInt, Problems, Sec
 ENV_QUEUES_FILE = settings_mod.ENV_QUEUES_FILE
 DEFAULT_QUEUES_FILE = settings_mod.REPO_ROOT / "queues.yaml"
 
-MAX_QUEUE_NAME_LENGTH = 200
-_QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
-_QUEUE_NAME_RULE = (f"1-{MAX_QUEUE_NAME_LENGTH} characters: ASCII letters, digits, '.', "
-                    f"'_', '-' and '/', starting with a letter or digit, without '//' "
-                    f"and not ending in '/'")
-UNKNOWN_QUEUE_LISTS_AT_MOST = 10
-
-
-# --- errors -----------------------------------------------------------------------------
-
-
-class InvalidQueueName(ValueError):
-    """A queue name that breaks the naming rule: a user error."""
-
-
-class UnknownQueue(LookupError):
-    """No queue of that name in the queue configuration: a user error."""
-
-    retryable = False
-
-    def __init__(self, queue: str, path: Path, known: tuple[str, ...]) -> None:
-        self.queue = queue
-        self.path = path
-        self.known = known
-        if not known:
-            declared = "declares no queues"
-        elif len(known) <= UNKNOWN_QUEUE_LISTS_AT_MOST:
-            declared = f"declares {', '.join(known)}"
-        else:
-            declared = f"declares {len(known)} others"
-        super().__init__(f"unknown queue {_shown(queue)}: {path} {declared}. Add the queue "
-                         f"there, or set {ENV_QUEUES_FILE} to the file that has it.")
-
-
-class QueueConfigError(ValueError):
-    """queues.yaml is unreadable or invalid. `problems` lists each one, YAML path named."""
-
-    def __init__(self, path: Path, problems: list[str]) -> None:
-        self.path = path
-        self.problems = problems
-        lines = "\n".join(f"  {problem}" for problem in problems)
-        super().__init__(f"{path}: {len(problems)} problem(s):\n{lines}")
-
-
-def _shown(name: str) -> str:
-    return repr(name) if len(name) <= 80 else f"{name[:60]!r}... ({len(name)} chars)"
-
-
-def validate_queue_name(name: object) -> str:
-    """``name`` if it is a valid queue name, else InvalidQueueName saying why."""
-    if not isinstance(name, str):
-        raise InvalidQueueName(f"a queue name is a string, got {name!r}")
-    valid = _QUEUE_NAME.match(name)
-    reason = None
-    if not name:
-        reason = "it is empty"
-    elif len(name) > MAX_QUEUE_NAME_LENGTH:
-        reason = f"it is {len(name)} characters long"
-    elif valid is None:
-        reason = f"it starts with {name[0]!r}, not a letter or digit"
-    elif valid.end() < len(name):
-        reason = f"it contains {name[valid.end()]!r}"
-    elif "//" in name:
-        reason = "it contains '//'"
-    elif name.endswith("/"):
-        reason = "it ends in '/'"
-    if reason:
-        raise InvalidQueueName(f"invalid queue name {_shown(name)}: {reason}; a queue name is "
-                               f"{_QUEUE_NAME_RULE}")
-    return name
-
+__all__ = ["InvalidQueueName", "QueueConfigError", "UnknownQueue", "validate_queue_name"]
 
 # --- the model --------------------------------------------------------------------------
 

@@ -1,14 +1,29 @@
-"""WorkerConfig from topics.yaml: the runtime's view of the topic registry."""
+"""WorkerConfig from topics.yaml: the runtime's view of the topic registry (no Faust here:
+the CLI reads it too)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from streams.config.topics import RetryPolicy, TopicsConfig, TopicSpec
 from streams.runtime.kafka import TopicRoute
 from streams.runtime.policy import Retry
 from streams.runtime.stage import Route
-from streams.runtime.worker import WorkerConfig
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker consumes and publishes to (from topics.yaml), and its knobs."""
+
+    app_id: str
+    bootstrap: str
+    topics: dict[str, TopicRoute]  # by topic key: every stage and every topic published to
+    routes: dict[str, Route]  # by topic key of each consumed stage
+    delay_tiers: dict[str, float]  # tier topic name -> delay in seconds
+    web_port: int | None = None
+    commit_interval: float = 0.5
+    max_in_flight: int = 1000  # messages under way at once in one worker
 
 
 def retry_of(policy: RetryPolicy, park_after: int | None = None) -> Retry:

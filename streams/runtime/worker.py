@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import faust
@@ -25,15 +24,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from store import Database
 from streams.config.settings import load_settings
 from streams.runtime import logs
+from streams.runtime.config import WorkerConfig
 from streams.runtime.delay import DelayScheduler, DelayTiers
-from streams.runtime.kafka import KafkaPublisher, TopicRoute
+from streams.runtime.kafka import KafkaPublisher
 from streams.runtime.lanes import Lanes
 from streams.runtime.periodic import PeriodicTask, run_periodically
 from streams.runtime.stage import (
     Delivery,
     Incoming,
     Park,
-    Route,
     Stage,
     park_into,
 )
@@ -41,18 +40,6 @@ from streams.runtime.stage import (
 log = logging.getLogger("stovepipe.worker")
 
 FETCH_MAX_WAIT_MS = 100
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    app_id: str
-    bootstrap: str
-    topics: dict[str, TopicRoute]  # by topic key: every stage and every topic published to
-    routes: dict[str, Route]  # by topic key of each consumed stage
-    delay_tiers: dict[str, float]  # tier topic name -> delay in seconds
-    web_port: int | None = None
-    commit_interval: float = 0.5
-    max_in_flight: int = 1000  # messages under way at once in one worker
 
 
 D = TypeVar("D")  # what the worker's handlers share, e.g. streams.stages.deps.Deps

@@ -20,7 +20,7 @@ from store import (
     make_request_id,
     request_seq,
 )
-from streams.config.queues import validate_queue_name
+from streams.config.names import validate_queue_name
 from streams.runtime import ACK, Outcome
 from streams.runtime.stage import Publisher
 from streams.stages.deps import Deps, StageContext

@@ -40,7 +40,7 @@ from aiohttp import web
 from faust.web import View
 
 from store import NotFound, StoreError
-from streams.config.queues import InvalidQueueName, UnknownQueue, validate_queue_name
+from streams.config.names import InvalidQueueName, UnknownQueue, validate_queue_name
 from streams.extensions.sourcecontrol import SourceControlError, UnknownRef
 from streams.runtime.classify import is_retryable
 from streams.runtime.stage import Delivery

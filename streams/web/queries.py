@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -26,8 +26,10 @@ from store import (
     make_request_id,
     parse_request_id,
 )
-from streams.config.queues import validate_queue_name
-from streams.stages.deps import Deps
+from streams.config.names import validate_queue_name
+
+if TYPE_CHECKING:  # the read queries need no stage machinery, only its type
+    from streams.stages.deps import Deps
 
 MAX_RECENT_REQUESTS = 100
 WATERMARK_ATTEMPTS = 5
