@@ -4,7 +4,7 @@ database, instant fake builds. Prints figures; asserts nothing about timing.
     .venv/bin/python bench/pipeline_bench.py [--queues 100] [--requests 1000]
         [--latency-requests 50] [--variants shipped,3] [--delay 50ms] [--loglevel info]
         [--profile auto|py-spy|cprofile|none] [--plain-worker] [--keep]
-        [--experiments partition-parallel]
+        [--experiments serial|isolated-partitions] [--workers 2] [--hosted-latency] [--runs 3]
 
 For each variant of the topic layout (``shipped`` = topics.yaml as it is; ``N`` = the same
 file with N partitions per stage topic and delay tier) the script creates its own topics
@@ -63,6 +63,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,9 @@ TERMINAL = ["superseded", "succeeded", "failed", "cancelled"]
 REF = "main"
 WAIT_TIMEOUT = 120.0
 DRIVER_INGEST = "driver-ingest"  # the counters' stage label of in-process ingest calls
+# --hosted-latency: what a remote git server and a hosted CI answer in (issue 10)
+SOURCE_LATENCY = {"head": "100ms", "is_ancestor": "50ms"}
+RUNNER_LATENCY = {"trigger": "300ms", "status": "200ms"}
 
 
 def log(text: str) -> None:
@@ -155,6 +159,7 @@ class Deployment:
         self.topics: TopicsConfig | None = None
         self.worker: subprocess.Popen[bytes] | None = None
         self.web_port = free_port()
+        self.extra: list[tuple[subprocess.Popen[bytes], int]] = []  # --workers beyond one
         self.schema_created = False
 
     # setup / teardown
@@ -217,8 +222,12 @@ class Deployment:
             path = self.repos / (name.replace("/", "_") + ".json")
             self.queues[name] = {
                 "source_control": {"kind": "fake", "path": str(path), "repo": "r", "ref": REF,
-                                   "promotion_ref": "verified"},
-                "build_runner": {"kind": "fake"},
+                                   "promotion_ref": "verified",
+                                   **({"latency": SOURCE_LATENCY}
+                                      if self.args.hosted_latency else {})},
+                "build_runner": {"kind": "fake",
+                                 **({"latency": RUNNER_LATENCY}
+                                    if self.args.hosted_latency else {})},
                 "max_concurrent": 1,
                 "gate_delay": delay,
                 "poll_delay_queued": delay,
@@ -243,11 +252,18 @@ class Deployment:
                         [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
 
     def start_worker(self, cprofile_out: Path | None) -> None:
+        self.worker = self._spawn(self.web_port, "worker.log", cprofile_out)
+        for i in range(1, self.args.workers):
+            port = free_port()
+            self.extra.append((self._spawn(port, f"worker{i + 1}.log", None), port))
+
+    def _spawn(self, web_port: int, log_name: str,
+               cprofile_out: Path | None) -> subprocess.Popen[bytes]:
         if self.args.plain_worker:
             cmd = [sys.executable, "-m", "streams.cli", "worker"]
         else:
             cmd = [sys.executable, str(BENCH_DIR / "pipeline_worker.py")]
-        cmd += ["--loglevel", self.args.loglevel, "--web-port", str(self.web_port)]
+        cmd += ["--loglevel", self.args.loglevel, "--web-port", str(web_port)]
         env = self.env
         if cprofile_out is not None:
             env[pipeline_worker.ENV_CPROFILE] = str(cprofile_out)
@@ -256,33 +272,49 @@ class Deployment:
         if self.args.switch_interval:
             env[pipeline_worker.ENV_SWITCH_INTERVAL] = str(self.args.switch_interval)
         # cwd: Faust writes its data directory (<app id>-data) there
-        with open(self.root / "worker.log", "wb") as out:
-            self.worker = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                           cwd=self.root)
+        with open(self.root / log_name, "wb") as out:
+            return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    cwd=self.root)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in [self.worker, *(w for w, _ in self.extra)] if p is not None]
 
     def stop_worker(self) -> None:
-        proc, self.worker = self.worker, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        procs = [self.worker, *(w for w, _ in self.extra)]
+        self.worker, self.extra = None, []
+        for proc in procs:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
 
     def check_worker(self) -> None:
         if self.worker is None or self.worker.poll() is not None:
             raise RuntimeError(f"the worker exited:\n{self.worker_log()}")
+        for proc, _ in self.extra:
+            if proc.poll() is not None:
+                raise RuntimeError("a second worker exited")
 
     def worker_log(self, tail: int = 4000) -> str:
         path = self.root / "worker.log"
         return path.read_text(errors="replace")[-tail:] if path.exists() else ""
 
     def scrape(self) -> dict[pa.Sample, float]:
-        url = f"http://127.0.0.1:{self.web_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return pa.parse_metrics(resp.read().decode())
+        """Every worker's metrics, summed."""
+        total: dict[pa.Sample, float] = defaultdict(float)
+        for port in [self.web_port, *(p for _, p in self.extra)]:
+            url = f"http://127.0.0.1:{port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                for sample, value in pa.parse_metrics(resp.read().decode()).items():
+                    total[sample] += value
+        return dict(total)
 
     def wait_metrics(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -412,12 +444,14 @@ def snapshot(dep: Deployment, spy: Profiler | None = None) -> Snapshot:
     from prometheus_client import REGISTRY, generate_latest
 
     assert dep.worker is not None
-    named = {dep.worker.pid: "worker", os.getpid(): "driver (this script)"}
+    named = {pid: "worker" if i == 0 else f"worker {i + 1}"
+             for i, pid in enumerate(dep.worker_pids)}
+    named[os.getpid()] = "driver (this script)"
     if spy is not None:
         named[spy.proc.pid] = "py-spy"
     return Snapshot(time.time(), dep.scrape(),
                     pa.parse_metrics(generate_latest(REGISTRY).decode()),
-                    pa.process_cpu_seconds(dep.worker.pid),
+                    sum(pa.process_cpu_seconds(pid) for pid in dep.worker_pids),
                     pa.thread_cpu_seconds(dep.worker.pid), time.process_time(),
                     pa.machine_cpu(), pa.cpu_by_group(named))
 
@@ -885,6 +919,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="experiment: the worker's sys.setswitchinterval (default 0.005 s)")
     p.add_argument("--idle-seconds", type=float, default=5.0,
                    help="measure the idle worker's CPU this long before the throughput phase")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (same group)")
+    p.add_argument("--hosted-latency", action="store_true",
+                   help="fake call latencies: source control head 100ms, is_ancestor 50ms; "
+                        "build runner trigger 300ms, status 200ms")
+    p.add_argument("--runs", type=int, default=1,
+                   help="repeat each variant; the summary gives each run and the median")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, profile)")
     args = p.parse_args(argv)
     unknown = set(filter(None, args.experiments.split(","))) - set(pipeline_worker.EXPERIMENTS)
@@ -908,21 +948,36 @@ def main(argv: Sequence[str] | None = None) -> None:
     load1, load5, _ = os.getloadavg()
     log(f"{os.cpu_count()} cores, load average {load1:.2f} (1 min) {load5:.2f} (5 min); "
         f"kafka {bootstrap}; python {sys.version.split()[0]}")
-    results = {}
+    results: dict[str, list[dict[str, float]]] = defaultdict(list)
     pipeline_worker.install_hooks()  # the driver counts its own ingest calls the same way
     for i, text in enumerate(args.variants.split(",")):
         variant = Variant.parse(text.strip())
-        use = profile if (i == 0 or args.profile_all) else "none"
-        results[variant.name] = run_variant(args, bootstrap, admin_dsn, variant, use)
+        for run in range(args.runs):
+            use = profile if ((i == 0 and run == 0) or args.profile_all) else "none"
+            load = os.getloadavg()[0]
+            result = run_variant(args, bootstrap, admin_dsn, variant, use)
+            result["load"] = load
+            results[variant.name].append(result)
     load1, load5, _ = os.getloadavg()
-    print(f"\n=== SUMMARY ({os.cpu_count()} cores, load average now {load1:.2f} / "
-          f"{load5:.2f}; bar: >= 200 Requests/s with one worker, p50 <= 150 ms) ===")
-    for name, r in results.items():
-        ok_rate = "met" if r["rate"] >= 200 else "MISSED"
-        ok_p50 = "met" if r["lat_p50"] <= 0.150 else "MISSED"
-        print(f"  {name:<8} throughput {r['rate']:7.1f} Requests/s ({r['facts']:.0f} facts; "
-              f"{ok_rate}), under load ingest->fact p50 {pa.ms(r['tp_p50'])} ms; "
-              f"low load p50 {pa.ms(r['lat_p50'])} ms ({ok_p50}), p99 {pa.ms(r['lat_p99'])} ms")
+    target_rate = 100 if args.hosted_latency else 150
+    print(f"\n=== SUMMARY ({os.cpu_count()} cores, {args.workers} worker(s), "
+          f"{'hosted-CI latencies' if args.hosted_latency else 'instant fakes'}; load "
+          f"average now {load1:.2f} / {load5:.2f}; targets: >= {target_rate} Requests/s, "
+          f"low-load ingest->fact p50 <= 25 ms, p99 <= 60 ms) ===")
+    for name, runs in results.items():
+        for n, r in enumerate(runs, start=1):
+            print(f"  {name:<8} run {n}: throughput {r['rate']:7.1f} Requests/s "
+                  f"({r['facts']:.0f} facts), under load ingest->fact p50 "
+                  f"{pa.ms(r['tp_p50'])} ms; low load p50 {pa.ms(r['lat_p50'])} ms, p99 "
+                  f"{pa.ms(r['lat_p99'])} ms; load average at start {r['load']:.2f}")
+        med = {k: statistics.median(r[k] for r in runs)
+               for k in ("rate", "lat_p50", "lat_p99", "load")}
+        print(f"  {name:<8} MEDIAN of {len(runs)}: {med['rate']:.1f} Requests/s "
+              f"({'met' if med['rate'] >= target_rate else 'MISSED'}), low load p50 "
+              f"{pa.ms(med['lat_p50'])} ms ({'met' if med['lat_p50'] <= 0.025 else 'MISSED'})"
+              f", p99 {pa.ms(med['lat_p99'])} ms "
+              f"({'met' if med['lat_p99'] <= 0.060 else 'MISSED'}); median load average "
+              f"{med['load']:.2f}")
 
 
 if __name__ == "__main__":

@@ -161,50 +161,51 @@ def install_hooks() -> None:
 # --- what-if experiments: candidate changes to streams/, tried here without editing it ------
 
 
-def partition_parallel() -> None:
-    """Each stage handles its partitions concurrently: one task per topic-partition, in
-    order within it (so per-key order, e.g. one writer per queue on `process`, holds), each
-    event acked after its delivery. Faust commits only up to the first unacked offset of a
-    partition, so at-least-once is kept. Replaces streams.runtime.worker._agent_for."""
-    from streams.runtime import worker
+def _serial_agent(stage: Any, runtime: Any) -> Any:
+    """An agent that handles its events one at a time, acking each after it (what
+    streams.runtime.worker did before lanes)."""
     from streams.runtime.stage import Incoming
 
-    def agent_for(stage: Any, runtime: Any) -> Any:
-        async def run_stage(stream: Any) -> None:
-            await runtime.ready.wait()
-            delivery = runtime.delivery
-            lanes: dict[tuple[str, int], asyncio.Queue[Any]] = {}
-            tasks: list[asyncio.Task[None]] = []
+    async def run_stage(stream: Any) -> None:
+        await runtime.ready.wait()
+        delivery = runtime.delivery
+        async for event in stream.noack().events():
+            m = event.message
+            await delivery.deliver(stage, Incoming(
+                topic=m.topic, partition=m.partition, offset=m.offset, key=m.key,
+                value=m.value, headers=[(k, bytes(v)) for k, v in (m.headers or ())],
+                timestamp=m.timestamp or 0.0))
+            event.ack()
 
-            async def lane(queue: asyncio.Queue[Any]) -> None:
-                while True:
-                    event, incoming = await queue.get()
-                    await delivery.deliver(stage, incoming)
-                    event.ack()
-
-            try:
-                async for event in stream.noack().events():
-                    m = event.message
-                    key = (m.topic, m.partition)
-                    queue = lanes.get(key)
-                    if queue is None:
-                        queue = lanes[key] = asyncio.Queue(maxsize=1000)
-                        tasks.append(asyncio.create_task(lane(queue)))
-                    await queue.put((event, Incoming(
-                        topic=m.topic, partition=m.partition, offset=m.offset, key=m.key,
-                        value=m.value, headers=[(k, bytes(v)) for k, v in (m.headers or ())],
-                        timestamp=m.timestamp or 0.0)))
-            finally:
-                for task in tasks:
-                    task.cancel()
-
-        run_stage.__name__ = f"stage_{stage.key}"
-        return run_stage
-
-    worker._agent_for = agent_for
+    run_stage.__name__ = f"stage_{stage.key}"
+    return run_stage
 
 
-EXPERIMENTS = {"partition-parallel": partition_parallel}
+def serial() -> None:
+    """Baseline: every stage one message at a time across all its partitions."""
+    from streams.runtime import worker
+
+    worker._agent_for = _serial_agent
+
+
+def isolated_partitions() -> None:
+    """Faust's own option: ``isolated_partitions=True`` gives each assigned partition an
+    actor of its own, each handling its partition's events one at a time (acked in
+    order), so partitions run concurrently but keys within one do not."""
+    import faust
+
+    from streams.runtime import worker
+
+    worker._agent_for = _serial_agent
+    agent = faust.App.agent
+
+    def isolated(self: Any, channel: Any = None, **kwargs: Any) -> Any:
+        return agent(self, channel, isolated_partitions=True, **kwargs)
+
+    faust.App.agent = isolated  # type: ignore[method-assign]
+
+
+EXPERIMENTS = {"serial": serial, "isolated-partitions": isolated_partitions}
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ transaction with one round trip.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
@@ -30,6 +31,7 @@ from store.parked import ParkedStore
 from store.queues import QueueStore
 from store.request_uris import RequestUriStore
 from store.requests import RequestStore
+from store.steps import StepStore
 
 
 class Stores:
@@ -43,6 +45,7 @@ class Stores:
         self.facts = FactStore(source)
         self.counters = CounterStore(source)
         self.parked = ParkedStore(source)
+        self.steps = StepStore(source)
 
 
 class _PoolSource:
@@ -69,6 +72,7 @@ class _TransactionSource:
 # and the name, so deployments sharing a database server never wait for each other.
 _QUEUE_LOCK_NAMESPACE = 0x53545651
 _SINGLETON_LOCK_NAMESPACE = 0x53545653
+_LOCK_QUEUE = "SELECT pg_advisory_xact_lock(%s, hashtext(current_schema() || '/' || %s))"
 
 
 class Transaction(Stores):
@@ -85,18 +89,10 @@ class Transaction(Stores):
         super().__init__(self._tx_source)
         self.connection = conn
 
-    @asynccontextmanager
-    async def savepoint(self) -> AsyncIterator[None]:
-        """A nested transaction: the block's writes roll back alone when it raises."""
-        async with self.connection.transaction():
-            yield
-
     async def lock_queue(self, queue: str) -> None:
         """Wait for, then hold until this transaction ends, the queue's lock: writers that
         must be ordered per queue (ingest) take it first."""
-        await self.connection.execute(
-            "SELECT pg_advisory_xact_lock(%s, hashtext(current_schema() || '/' || %s))",
-            (_QUEUE_LOCK_NAMESPACE, queue))
+        await self.connection.execute(_LOCK_QUEUE, (_QUEUE_LOCK_NAMESPACE, queue))
 
 
 class Database(Stores):
@@ -161,6 +157,33 @@ class Database(Stores):
                 (_SINGLETON_LOCK_NAMESPACE, name))
             row = await cursor.fetchone()
             yield bool(row and row[0])
+
+    @asynccontextmanager
+    async def queue_transaction(self, queue: str) -> AsyncIterator[Transaction]:
+        """A transaction that holds ``queue``'s lock (`Transaction.lock_queue`) from its
+        start: BEGIN and the lock travel in one round trip, and the block runs once the
+        lock is held. Committed when the block exits normally, rolled back otherwise."""
+        async with self.pool.connection() as conn:
+            async with conn.pipeline():  # sent together on leaving the block, and awaited
+                await conn.execute("BEGIN")
+                await conn.execute(_LOCK_QUEUE, (_QUEUE_LOCK_NAMESPACE, queue))
+            tx = Transaction(conn)
+            try:
+                yield tx
+                if conn.info.transaction_status is TransactionStatus.INERROR:
+                    raise RuntimeError(
+                        "the transaction was aborted by a database error the block "
+                        "swallowed; nothing was committed"
+                    )
+                await conn.execute("COMMIT")
+            except BaseException:
+                # the original error matters; a connection too broken to roll back is
+                # discarded by the pool, and its transaction dies with it
+                with contextlib.suppress(Exception):
+                    await conn.execute("ROLLBACK")
+                raise
+            finally:
+                tx._tx_source.finished = True
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:

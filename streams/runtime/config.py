@@ -23,7 +23,7 @@ class WorkerConfig:
     delay_tiers: dict[str, float]  # tier topic name -> delay in seconds
     web_port: int | None = None
     commit_interval: float = 0.5
-    max_in_flight: int = 1000  # messages under way at once in one worker
+    max_in_flight: int = 500  # messages under way at once per stage of one worker
 
 
 def retry_of(policy: RetryPolicy, park_after: int | None = None) -> Retry:

@@ -88,7 +88,8 @@ async def send_later(producer: AIOKafkaProducer, tiers: DelayTiers, *, target: s
                                   what="redeliver")
         return
     due = math.ceil((time.time() + delay) * 1000)  # rounded up: never early
-    out = h.replace(headers, {h.ATTEMPT: attempt, h.DUE_MS: due, h.TARGET: target})
+    out = h.replace(h.without_runtime(headers),
+                    {h.ATTEMPT: attempt, h.DUE_MS: due, h.TARGET: target})
     await produce_until_acked(producer, tiers.topic_for(delay), key=key, value=value,
                               headers=out, what="delay")
 
@@ -219,10 +220,10 @@ class DelayScheduler:
         else:
             await asyncio.sleep(max(0.0, due - time.time()))  # never early
             metrics.DELAY_LATENESS.observe(max(0.0, time.time() - due))
+            out = h.replace(h.without_runtime(list(record.headers or ())),
+                            {h.WAS_DUE_MS: math.ceil(due * 1000)})
             await produce_until_acked(self.producer, target, key=record.key,
-                                      value=record.value,
-                                      headers=h.without_runtime(list(record.headers or ())),
-                                      what="delay-due")
+                                      value=record.value, headers=out, what="delay-due")
         part.in_flight.discard(record.offset)
 
     async def _commit_loop(self) -> None:

@@ -7,6 +7,9 @@ from collections.abc import Iterable, Sequence
 ATTEMPT = "stovepipe-attempt"  # handler calls that already failed for this message
 DUE_MS = "stovepipe-due-ms"  # epoch ms before which a delayed message must not arrive
 TARGET = "stovepipe-target"  # topic a delayed message goes back to
+# set by the delay scheduler on a held message it hands back to its stage: when it was
+# due (epoch ms), so the stage can tell how late the hold arrived
+WAS_DUE_MS = "stovepipe-was-due-ms"
 # where a retried message was first delivered ("<partition>:<offset>"): a retry is the
 # same delivery tried again, a hold is a new turn (streams.stages.loops)
 ORIGIN = "stovepipe-origin"
@@ -51,7 +54,7 @@ def replace(headers: Sequence[tuple[str, bytes]] | None,
 
 
 def without_runtime(headers: Sequence[tuple[str, bytes]] | None) -> Headers:
-    return [(k, v) for k, v in headers or () if k not in (DUE_MS, TARGET)]
+    return [(k, v) for k, v in headers or () if k not in (DUE_MS, TARGET, WAS_DUE_MS)]
 
 
 def remove(headers: Sequence[tuple[str, bytes]] | None, name: str) -> Headers:

@@ -30,6 +30,17 @@ PRODUCE_FAILURES = Counter(
     "Produce attempts the broker did not acknowledge (each one is retried).",
     ["topic"],
 )
+HOLD_LATENESS = Histogram(
+    "stovepipe_hold_lateness_seconds",
+    "How late a held message reached its stage's handler: handler start minus due time.",
+    ["stage"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+IN_FLIGHT = Gauge(
+    "stovepipe_in_flight",
+    "Messages of a stage under way in this worker (started or waiting for their key).",
+    ["stage"],
+)
 DELAY_HELD = Gauge(
     "stovepipe_delay_held_messages",
     "Messages this worker holds in its delay tiers, fetched and not yet re-produced.",

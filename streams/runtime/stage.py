@@ -133,6 +133,10 @@ class Delivery(Generic[D]):
 
     async def deliver(self, stage: Stage[Any], msg: Incoming) -> None:
         started = time.perf_counter()
+        was_due = h.get_int(msg.headers, h.WAS_DUE_MS)
+        if was_due:  # a held message, back from the delay scheduler
+            metrics.HOLD_LATENESS.labels(stage=stage.key).observe(
+                max(0.0, time.time() - was_due / 1000))
         route = self.routes[stage.key]
         fields: dict[str, Any] = {"stage": stage.key, "topic": msg.topic,
                                   "partition": msg.partition, "offset": msg.offset,

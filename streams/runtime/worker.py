@@ -76,8 +76,6 @@ class RuntimeService(Generic[D]):
         self.open_deps = open_deps
         self.periodic = tuple(periodic)
         self._timers: list[asyncio.Task[None]] = []
-        # messages under way in this worker, across its stages (streams.runtime.lanes)
-        self.slots = asyncio.Semaphore(config.max_in_flight)
         self.ready = asyncio.Event()
         self.delivery: Delivery[D] | None = None
         self._publisher: KafkaPublisher | None = None
@@ -190,7 +188,8 @@ def _agent_for(stage: Stage[Any],
                 timestamp=message.timestamp or 0.0,
             ))
 
-        lanes = Lanes(deliver, slots=runtime.slots,
+        # each stage its own window, so a backlog of one stage never starves another
+        lanes = Lanes(deliver, limit=runtime.config.max_in_flight, name=stage.key,
                       key_of=lambda event: event.message.key,
                       partition_of=lambda event: event.message.tp,
                       ack=lambda event: event.ack())

@@ -13,7 +13,7 @@ from contract import BuildRequest, BuildSignal, TopicKey
 from store import RequestState
 from streams.runtime import ACK, Outcome, RetryableError
 from streams.stages import loops
-from streams.stages.deps import Deps, StageContext, load_request
+from streams.stages.deps import Deps, StageContext, load_request_with_first_build
 
 
 class StrategyNotVisible(RetryableError):
@@ -23,17 +23,17 @@ class StrategyNotVisible(RetryableError):
 
 async def handle_build(payload: BuildRequest, ctx: StageContext) -> Outcome:
     deps: Deps = ctx.deps
-    request = await load_request(deps, payload.queue_name, payload.id)
+    request, first_build_id = await load_request_with_first_build(
+        deps, payload.queue_name, payload.id)
     if request.state.is_terminal:
         return ACK
     if request.state is not RequestState.PROCESSING or request.build_strategy is None:
         raise StrategyNotVisible(f"request {request.id} is {request.state} with no strategy")
 
-    existing = await deps.db.builds.list_for_request(request.queue, request.id)
-    if existing:
+    if first_build_id is not None:
         # a duplicate BuildRequest, or a redelivery after a crash between the row and the
         # publish below: (re)start the poll loop; a fresh publication takes the loop over
-        await _publish_to_buildsignal(ctx, existing[0].id, request.queue, loop="")
+        await _publish_to_buildsignal(ctx, first_build_id, request.queue, loop="")
         return ACK
     runner = deps.extensions.build_runner(request.queue)
     build_id = await runner.trigger(request.base_uri, request.uri,

@@ -11,7 +11,7 @@ cancelled at its runner.
 from __future__ import annotations
 
 from contract import BuildSignal, Record, TopicKey
-from store import Build, BuildStatus, InvariantViolation, Request
+from store import Build, BuildStatus, InvariantViolation, Request, VersionMismatch
 from streams.runtime import ACK, Hold, Outcome
 from streams.stages import loops
 from streams.stages.deps import Deps, StageContext, check_queue_name
@@ -24,8 +24,7 @@ async def handle_buildsignal(payload: BuildSignal, ctx: StageContext) -> Outcome
 
 async def _poll(payload: BuildSignal, ctx: StageContext) -> Outcome:
     deps: Deps = ctx.deps
-    build = await load_build(deps, payload)
-    request = await deps.db.requests.get(build.queue, build.request_id)
+    build, request = await load_build_with_request(deps, payload)
     if request.state.is_terminal:
         if build.status.is_terminal:
             if request.state.is_outcome:
@@ -40,12 +39,14 @@ async def _poll(payload: BuildSignal, ctx: StageContext) -> Outcome:
     turn = loops.next_turn(row_token=build.loop_token, carried=payload.loop, mine=mine,
                            age=build.loop_age)
     config = deps.queue_config(build.queue)
-    if not build.status.is_terminal:
+    status = build.status
+    if not status.is_terminal:
         if turn is loops.Turn.DUPLICATE:
             ctx.log.debug("poll_loop_duplicate_ended build_id=%s", build.id)
             return ACK
-        build = await _refresh_status(ctx, build, seconds(config.poll_deadline))
-    if not build.status.is_terminal:
+        status = await _current_status(ctx, build, seconds(config.poll_deadline))
+    if not status.is_terminal:
+        build = await _store_status(ctx, build, status)
         delay = seconds(config.poll_delay_running if build.status is BuildStatus.RUNNING
                         else config.poll_delay_queued)
         if turn is loops.Turn.CLAIM:
@@ -53,14 +54,26 @@ async def _poll(payload: BuildSignal, ctx: StageContext) -> Outcome:
         return Hold(delay, BuildSignal(id=build.id, queue_name=build.queue,
                                        loop=build.loop_token))
 
-    outcome = build.status.request_outcome
-    async with deps.db.transaction() as tx:
-        queue = await tx.queues.get(request.queue)
-        await tx.queues.release_slot(queue)
-        request = await tx.requests.transition(request, outcome)
-    ctx.log.info("settled build_id=%s outcome=%s", build.id, outcome)
-    await _publish_to_record(ctx, request)
+    # stores the terminal status (write-once: one stored first stays), and the first
+    # terminal build of the Request stamps its outcome and releases its slot
+    settled = await deps.db.steps.settle(build, status)
+    if settled.request is None:
+        # another build or a reconciler settled the Request first: decide again from a
+        # fresh read (which publishes to record if the Request has an outcome)
+        raise VersionMismatch("request", {"queue": request.queue, "id": request.id},
+                              expected_version=request.version, actual_version=None)
+    ctx.log.info("settled build_id=%s outcome=%s", build.id, settled.request.state)
+    await _publish_to_record(ctx, settled.request)
     return ACK
+
+
+async def load_build_with_request(deps: Deps, payload: BuildSignal) -> tuple[Build, Request]:
+    """`load_build` and the build's Request, in one read when the message names the
+    queue."""
+    if not payload.queue_name:
+        build = await load_build(deps, payload)
+        return build, await deps.db.requests.get(build.queue, build.request_id)
+    return await deps.db.steps.build_with_request(payload.queue_name, payload.id)
 
 
 async def load_build(deps: Deps, payload: BuildSignal) -> Build:
@@ -82,7 +95,9 @@ async def cancel_build(ctx: StageContext, build: Build, why: str) -> Build:
     return await _store_status(ctx, build, BuildStatus.CANCELLED)
 
 
-async def _refresh_status(ctx: StageContext, build: Build, deadline_s: float) -> Build:
+async def _current_status(ctx: StageContext, build: Build, deadline_s: float) -> BuildStatus:
+    """The build's status at its runner, or `failed` past the poll deadline (then it is
+    cancelled at its runner)."""
     runner = ctx.deps.extensions.build_runner(build.queue)
     status = (await runner.status(build.id)).status
     age = build.age  # by the database's clock: a worker's clock never shortens a deadline
@@ -93,7 +108,7 @@ async def _refresh_status(ctx: StageContext, build: Build, deadline_s: float) ->
         ctx.log.warning("poll_deadline build_id=%s age=%.0fs deadline=%.0fs", build.id,
                         age, deadline_s)
         status = BuildStatus.FAILED
-    return await _store_status(ctx, build, status)
+    return status
 
 
 async def _store_status(ctx: StageContext, build: Build, status: BuildStatus) -> Build:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from store import Database, Request, parse_request_id
+from store import Database, Queue, Request, parse_request_id
 from streams.config.queues import Extensions, QueueConfig, QueuesConfig
 from streams.runtime.logs import bounded
 from streams.runtime.stage import Context
@@ -41,6 +41,24 @@ async def load_request(deps: Deps, queue_name: str, request_id: str) -> Request:
     queue, _ = parse_request_id(request_id)
     check_queue_name(queue_name, queue, f"request {bounded(request_id)}")
     return await deps.db.requests.get(queue, request_id)
+
+
+async def load_request_with_queue(deps: Deps, queue_name: str,
+                                  request_id: str) -> tuple[Request, Queue | None]:
+    """`load_request`, and the row of the Request's queue (None if it has none yet), in
+    one read."""
+    queue, _ = parse_request_id(request_id)
+    check_queue_name(queue_name, queue, f"request {bounded(request_id)}")
+    return await deps.db.steps.request_with_queue(queue, request_id)
+
+
+async def load_request_with_first_build(deps: Deps, queue_name: str,
+                                        request_id: str) -> tuple[Request, str | None]:
+    """`load_request`, and the id of the Request's first build (None if it has none), in
+    one read."""
+    queue, _ = parse_request_id(request_id)
+    check_queue_name(queue_name, queue, f"request {bounded(request_id)}")
+    return await deps.db.steps.request_with_first_build(queue, request_id)
 
 
 StageContext = Context[Deps]

@@ -8,11 +8,11 @@ only the loop the Request row names goes on (`streams.stages.loops`).
 from __future__ import annotations
 
 from contract import BuildRequest, ProcessRequest, TopicKey
-from store import BuildStrategy, Queue, Request, RequestState, request_seq
+from store import BuildStrategy, Queue, Request, RequestState, VersionMismatch, request_seq
 from streams.extensions.sourcecontrol import CommitNotFound
 from streams.runtime import ACK, Hold, Outcome
 from streams.stages import loops
-from streams.stages.deps import Deps, StageContext, load_request
+from streams.stages.deps import Deps, StageContext, load_request_with_queue
 from streams.stages.kit import seconds, with_cas_retries
 
 
@@ -22,7 +22,7 @@ async def handle_process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
 
 async def _process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
     deps: Deps = ctx.deps
-    request = await load_request(deps, payload.queue_name, payload.id)
+    request, queue = await load_request_with_queue(deps, payload.queue_name, payload.id)
     if request.state.is_terminal:
         return ACK
     if request.state is RequestState.PROCESSING:
@@ -39,7 +39,8 @@ async def _process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
         ctx.log.debug("gate_loop_duplicate_ended")
         return ACK
 
-    queue = await deps.db.queues.get_or_create(request.queue)
+    if queue is None:  # ingest creates the row; a Request written otherwise may lack it
+        queue = await deps.db.queues.get_or_create(request.queue)
     if _is_older_than_latest(request, queue):
         await deps.db.requests.transition(request, RequestState.SUPERSEDED)
         ctx.log.info("superseded latest=%s", queue.latest_request_id)
@@ -55,12 +56,16 @@ async def _process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
                                    loop=request.loop_token))
 
     strategy, base_uri = await _decide_strategy(ctx, request, queue)
-    async with deps.db.transaction() as tx:
-        # the slot CAS fails if the queue changed since we read it (another admission,
-        # a release, a bookmark): both writes roll back and the decision is redone
-        await tx.queues.take_slot(queue)
-        request = await tx.requests.transition(request, RequestState.PROCESSING,
-                                               strategy=strategy, base_uri=base_uri)
+    # takes the slot and moves the Request only if what the decision read still holds (the
+    # Request unchanged, a free slot, no newer latest, the same bookmark); otherwise
+    # nothing is written and the decision is redone from a fresh read
+    admitted = await deps.db.steps.admit(
+        request, strategy=strategy, base_uri=base_uri, max_concurrent=config.max_concurrent,
+        last_green_request_id=queue.last_green_request_id)
+    if admitted is None:
+        raise VersionMismatch("request", {"queue": request.queue, "id": request.id},
+                              expected_version=request.version, actual_version=None)
+    request = admitted
     ctx.log.info("admitted strategy=%s base=%s", strategy, base_uri)
     await _publish_to_build(ctx, request)
     return ACK

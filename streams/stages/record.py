@@ -8,13 +8,10 @@ from __future__ import annotations
 
 from contract import Record
 from store import (
-    AlreadyExists,
     InvariantViolation,
     Queue,
     RequestState,
     ValidationFact,
-    VersionMismatch,
-    request_seq,
 )
 from streams.extensions.sourcecontrol import CommitNotFound, PromotionMoved
 from streams.runtime import ACK, Outcome, metrics
@@ -41,59 +38,43 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
         raise NotSettled("request", {"id": request.id},
                          f"record needs an outcome, the request is {request.state}")
 
-    fact = await _write_fact(deps, request.queue, request.uri, request.id,
-                             DEGREE[request.state])
-    if not fact.is_green:
-        return ACK
-    holds = await _advance_bookmark(deps, fact)
-    if holds:
-        await _promote(ctx, fact)
+    degree = DEGREE[request.state]
+    # where the promotion ref is, read before the bookmark is checked (see _promote)
+    target = await _promotion_target(ctx, request.queue) if degree == 0.0 else None
+    recorded = await deps.db.steps.record_fact(request.queue, request.uri,
+                                               request_id=request.id, degree=degree)
+    fact = recorded.fact
+    if fact is None:  # a concurrent delivery's fact, not visible to the statement yet
+        fact = await deps.db.facts.get(request.queue, request.uri)
+    if fact.request_id != request.id:
+        raise FactOfAnotherRequest(
+            "validation_fact", {"queue": fact.queue, "uri": fact.uri},
+            f"the fact belongs to {fact.request_id}, not {request.id}")
+    if fact.is_green and recorded.holds_bookmark:
+        await _promote(ctx, fact, target)
     return ACK
 
 
-async def _write_fact(deps: Deps, queue: str, uri: str, request_id: str,
-                      degree: float) -> ValidationFact:
-    try:
-        return await deps.db.facts.create(queue, uri, degree=degree, request_id=request_id)
-    except AlreadyExists:
-        fact = await deps.db.facts.get(queue, uri)
-    if fact.request_id != request_id:
-        raise FactOfAnotherRequest("validation_fact", {"queue": queue, "uri": uri},
-                                   f"the fact belongs to {fact.request_id}, not {request_id}")
-    return fact  # an earlier delivery wrote it: first fact wins, forever
+async def _promotion_target(ctx: StageContext, queue: str) -> str | None:
+    return await ctx.deps.extensions.source_control(queue).promotion_target()
 
 
-async def _advance_bookmark(deps: Deps, fact: ValidationFact) -> bool:
-    """Move the bookmark to ``fact`` if it is newer; True when ``fact`` holds it."""
-    for _ in range(CAS_ATTEMPTS):
-        queue = await deps.db.queues.get_or_create(fact.queue)
-        current = queue.last_green_request_id
-        if current == fact.request_id:
-            return True  # an earlier delivery moved it: still the holder
-        if current is not None and request_seq(current) > request_seq(fact.request_id):
-            return False  # a newer green commit holds it
-        try:
-            await deps.db.queues.advance_bookmark(queue, uri=fact.uri,
-                                                  request_id=fact.request_id)
-            return True
-        except VersionMismatch:
-            continue
-    raise VersionMismatch("queue", {"name": fact.queue}, expected_version=-1,
-                          actual_version=None)
-
-
-async def _promote(ctx: StageContext, fact: ValidationFact) -> None:
+async def _promote(ctx: StageContext, fact: ValidationFact, target: str | None) -> None:
     """Move the promotion ref to ``fact`` while it holds the bookmark, by compare-and-set
-    on the ref: read where the ref is, *then* whether ``fact`` still holds the bookmark,
-    then move the ref only if it is still where it was read. A newer holder that promoted
-    in between makes the set fail, and the next round sees the bookmark moved on; one that
-    promotes after us finds our value and moves it forward. So the ref never goes back."""
+    on the ref: read where the ref is (``target``, read before the caller found ``fact``
+    holding the bookmark), *then* whether ``fact`` still holds the bookmark, then move the
+    ref only if it is still where it was read. A newer holder that promoted in between
+    makes the set fail, and the next round sees the bookmark moved on; one that promotes
+    after us finds our value and moves it forward. So the ref never goes back."""
     source_control = ctx.deps.extensions.source_control(fact.queue)
-    for _ in range(CAS_ATTEMPTS):
-        target = await source_control.promotion_target()
-        queue: Queue = await ctx.deps.db.queues.get(fact.queue)
-        if queue.last_green_request_id != fact.request_id or target == fact.uri:
-            return  # a newer green commit holds the bookmark (it promotes), or done already
+    for attempt in range(CAS_ATTEMPTS):
+        if attempt:
+            target = await source_control.promotion_target()
+            queue: Queue = await ctx.deps.db.queues.get(fact.queue)
+            if queue.last_green_request_id != fact.request_id:
+                return  # a newer green commit holds the bookmark: it promotes
+        if target == fact.uri:
+            return  # done already
         try:
             await source_control.promote(fact.uri, expected=target)
             return
