@@ -25,9 +25,13 @@ from streams.cli.failures import (
 from streams.config.queues import QueueConfigError, load_queues
 from streams.config.settings import (
     DEFAULT_APP_ID,
+    DEFAULT_DB_POOL,
+    DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_WEB_PORT,
     ENV_API_TOKEN,
     ENV_APP_ID,
+    ENV_DB_POOL,
+    ENV_MAX_IN_FLIGHT,
     ENV_SWEEP_INTERVAL,
     ENV_WEB_PORT,
     Settings,
@@ -40,7 +44,8 @@ if TYPE_CHECKING:
 
 def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
                  queues_file: Path | str | None = None, web_port: int | None = None,
-                 api_token: str | None = None, sweep_interval: float | None = None
+                 api_token: str | None = None, sweep_interval: float | None = None,
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, db_pool: int = DEFAULT_DB_POOL
                  ) -> faust.App:
     """The worker's Faust app; with a ``web_port`` it also serves the HTTP API and the
     dashboard (`streams.web.api`), whose POST endpoints need ``api_token`` when given."""
@@ -56,11 +61,12 @@ def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
     from streams.web import api
 
     config = worker_config(topics, app_id=app_id, bootstrap=bootstrap,
-                           consumed=[s.key for s in STAGES], web_port=web_port)
+                           consumed=[s.key for s in STAGES], web_port=web_port,
+                           max_in_flight=max_in_flight)
     web_settings = api.faust_settings() if web_port is not None else {}
     periodic = periodic_tasks(sweep_interval or DEFAULT_SWEEP_INTERVAL)
-    app = build_app(config, STAGES, open_pipeline_deps(dsn, queues_file), periodic,
-                    **web_settings)
+    app = build_app(config, STAGES, open_pipeline_deps(dsn, queues_file, pool_size=db_pool),
+                    periodic, **web_settings)
     if web_port is not None:
         api.mount(app, app.stovepipe_runtime, api_token=api_token)  # type: ignore[attr-defined]
     return app
@@ -83,12 +89,20 @@ def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
               envvar=ENV_SWEEP_INTERVAL, metavar="SECONDS",
               help=f"Seconds between two sweeps for Requests and builds whose messages "
                    f"were lost [default: 5; env {ENV_SWEEP_INTERVAL}].")
+@click.option("--max-in-flight", type=click.IntRange(min=1), default=DEFAULT_MAX_IN_FLIGHT,
+              envvar=ENV_MAX_IN_FLIGHT, show_default=True, metavar="N",
+              help=f"Messages each stage works on at once in this worker (one at a time "
+                   f"per Kafka key); beyond it the stage stops fetching "
+                   f"[env {ENV_MAX_IN_FLIGHT}].")
+@click.option("--db-pool", type=click.IntRange(min=1), default=DEFAULT_DB_POOL,
+              envvar=ENV_DB_POOL, show_default=True, metavar="N",
+              help=f"PostgreSQL connections this worker keeps at most [env {ENV_DB_POOL}].")
 @click.option("--loglevel", type=click.Choice(["debug", "info", "warn", "error"]),
               default="info", show_default=True)
 @queues_option
 def worker_command(app_id: str, web_port: int, no_web: bool, api_token: str | None,
-                   sweep_interval: float | None, loglevel: str,
-                   queues_file: Path | None) -> None:
+                   sweep_interval: float | None, max_in_flight: int, db_pool: int,
+                   loglevel: str, queues_file: Path | None) -> None:
     """Run every stage and reconciler in this process (scale out: start more)."""
 
     # Deferred: Faust takes a while to import, and only `worker` needs it.
@@ -105,7 +119,8 @@ def worker_command(app_id: str, web_port: int, no_web: bool, api_token: str | No
     app = build_worker(topics, app_id=app_id, bootstrap=current.kafka_bootstrap,
                        dsn=current.postgres_dsn, queues_file=queues_file,
                        web_port=_web_port(web_port, no_web), api_token=api_token or None,
-                       sweep_interval=sweep_interval)
+                       sweep_interval=sweep_interval, max_in_flight=max_in_flight,
+                       db_pool=db_pool)
     run_worker(app, loglevel=loglevel)
 
 

@@ -20,6 +20,8 @@ ENV_APP_ID = "STOVEPIPE_APP_ID"
 ENV_WEB_PORT = "STOVEPIPE_WEB_PORT"
 ENV_API_TOKEN = "STOVEPIPE_API_TOKEN"  # noqa: S105 - the variable's name, not a token
 ENV_SWEEP_INTERVAL = "STOVEPIPE_SWEEP_INTERVAL"
+ENV_MAX_IN_FLIGHT = "STOVEPIPE_MAX_IN_FLIGHT"
+ENV_DB_POOL = "STOVEPIPE_DB_POOL"
 
 LOCAL_KAFKA_PORT = 19092
 LOCAL_KAFKA_CONTROLLER_PORT = 19093
@@ -29,6 +31,8 @@ LOCAL_POSTGRES_DSN = f"postgresql://stovepipe@127.0.0.1:{LOCAL_POSTGRES_PORT}/st
 DEFAULT_TOPIC_PREFIX = "stovepipe."
 DEFAULT_APP_ID = "stovepipe"
 DEFAULT_WEB_PORT = 6066
+DEFAULT_MAX_IN_FLIGHT = 500  # messages under way at once per stage of one worker
+DEFAULT_DB_POOL = 20  # PostgreSQL connections of one worker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from streams.config.settings import DEFAULT_MAX_IN_FLIGHT
 from streams.config.topics import RetryPolicy, TopicsConfig, TopicSpec
 from streams.runtime.kafka import TopicRoute
 from streams.runtime.policy import Retry
@@ -23,7 +24,7 @@ class WorkerConfig:
     delay_tiers: dict[str, float]  # tier topic name -> delay in seconds
     web_port: int | None = None
     commit_interval: float = 0.5
-    max_in_flight: int = 500  # messages under way at once per stage of one worker
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT  # messages under way per stage at once
 
 
 def retry_of(policy: RetryPolicy, park_after: int | None = None) -> Retry:
@@ -34,7 +35,8 @@ def retry_of(policy: RetryPolicy, park_after: int | None = None) -> Retry:
 
 
 def worker_config(topics: TopicsConfig, *, app_id: str, bootstrap: str,
-                  consumed: Iterable[str], web_port: int | None = None) -> WorkerConfig:
+                  consumed: Iterable[str], web_port: int | None = None,
+                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> WorkerConfig:
     """The config of a worker consuming the topic entries ``consumed`` (e.g. ``process``,
     ``process_dlq``); it may publish to every stage topic."""
     specs: list[TopicSpec] = [*topics.stages.values(), *topics.dead_letters.values()]
@@ -53,6 +55,7 @@ def worker_config(topics: TopicsConfig, *, app_id: str, bootstrap: str,
         routes=routes,
         delay_tiers={t.full_name: t.delay.total_seconds() for t in topics.delay_tiers},
         web_port=web_port,
+        max_in_flight=max_in_flight,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from contract import BuildRequest, BuildSignal, IngestRequest, ProcessRequest, Record
 from store import Database
 from streams.config.queues import Extensions, load_queues
+from streams.config.settings import DEFAULT_DB_POOL
 from streams.runtime.periodic import PeriodicTask
 from streams.runtime.stage import Park, Stage, park_into
 from streams.stages import build, buildsignal, ingest, process, reconcile, record, sweeper
@@ -42,7 +43,7 @@ OpenPipelineDeps = Callable[[], Awaitable[tuple[Deps, Park, Callable[[], Awaitab
 
 
 def open_pipeline_deps(dsn: str, queues_file: Path | str | None = None,
-                       pool_size: int = 10) -> OpenPipelineDeps:
+                       pool_size: int = DEFAULT_DB_POOL) -> OpenPipelineDeps:
     """Opens the database and the queue configuration when the worker starts."""
 
     async def open_deps() -> tuple[Deps, Park, Callable[[], Awaitable[None]]]:
