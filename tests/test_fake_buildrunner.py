@@ -261,3 +261,21 @@ def test_a_cancel_from_another_process(tmp_path: Path) -> None:
     """)
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60, cwd=ROOT)
     assert status(runner, build_id) is BuildStatus.CANCELLED
+
+
+def test_a_trigger_latch_holds_the_trigger_call_until_released(tmp_path: Path) -> None:
+    runner = FakeBuildRunner(tmp_path)
+
+    async def main() -> str:
+        call = asyncio.create_task(runner.trigger(None, head("c1-triggerlatchT"), {}))
+        for _ in range(10):
+            await asyncio.sleep(0.06)
+            assert not call.done()
+        (tmp_path / "latches").mkdir()
+        (tmp_path / "latches" / "T").touch()
+        return await asyncio.wait_for(call, 30)
+
+    build_id = asyncio.run(main())
+    assert status(runner, build_id) is BuildStatus.SUCCEEDED
+    assert Behaviour.of(head("c1-triggerlatchT")).trigger_latch == "T"
+    assert Behaviour.of(head("c1-triggerlatchT")).latch == ""

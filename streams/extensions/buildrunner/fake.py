@@ -16,6 +16,9 @@ URI, whatever the URI scheme — read as ``-``-separated tokens, e.g. ``c7-queue
 - ``hang``: then ``running`` forever;
 - ``latchNAME``: then ``running`` until the file ``<state_dir>/latches/NAME`` exists — a
   test holds a build open for exactly as long as it needs, whatever the machine's load;
+- ``triggerlatchNAME``: the ``trigger`` call itself does not return until the file
+  ``<state_dir>/latches/NAME`` exists — a hosted CI hanging on one call, held exactly as
+  long as a test needs;
 - ``triggererror`` / ``triggerretry``: ``trigger`` raises, non-retryable / retryable;
 - ``statuserror`` / ``statusretry``: ``status`` raises, non-retryable / retryable.
 
@@ -62,6 +65,8 @@ BUILD_ID_PREFIX = "fake-"
 CANCELLED_FILE = "cancelled.log"
 _TIMED_TOKEN = re.compile(r"(queued|slow)(\d+(?:\.\d+)?)")
 _LATCH_TOKEN = re.compile(r"latch([A-Za-z0-9_]+)")
+_TRIGGER_LATCH_TOKEN = re.compile(r"triggerlatch([A-Za-z0-9_]+)")
+LATCH_POLL = 0.05  # seconds between two looks for a trigger latch
 LATCH_DIR = "latches"
 TRIGGERS_FILE = "triggers.log"
 _NONCE = re.compile(r"[0-9a-f]{16}")
@@ -76,6 +81,7 @@ class Behaviour:
     slow: float = 0.0  # then seconds `running`
     hang: bool = False  # then `running` forever
     latch: str = ""  # then `running` until <state_dir>/latches/<latch> exists
+    trigger_latch: str = ""  # `trigger` returns once <state_dir>/latches/<this> exists
     trigger_error: bool = False
     trigger_retry: bool = False
     status_error: bool = False
@@ -88,7 +94,10 @@ class Behaviour:
         for token in sha.split("-"):
             timed = _TIMED_TOKEN.fullmatch(token)
             latch = _LATCH_TOKEN.fullmatch(token)
-            if timed:
+            trigger_latch = _TRIGGER_LATCH_TOKEN.fullmatch(token)
+            if trigger_latch:
+                fields["trigger_latch"] = trigger_latch.group(1)
+            elif timed:
                 fields[timed.group(1)] = float(timed.group(2))
             elif latch:
                 fields["latch"] = latch.group(1)
@@ -195,6 +204,10 @@ class FakeBuildRunner:
                       metadata: Mapping[str, str]) -> str:
         await self._wait("trigger")
         behaviour = Behaviour.of(head_uri)
+        if behaviour.trigger_latch and self.state_dir is not None:
+            latch = self.state_dir / LATCH_DIR / behaviour.trigger_latch
+            while not await asyncio.to_thread(latch.exists):
+                await asyncio.sleep(LATCH_POLL)
         if behaviour.trigger_retry:
             raise BuildRunnerError(f"fake runner: trigger of {head_uri} failed (triggerretry)",
                                    retryable=True)
