@@ -67,6 +67,7 @@ def main() -> None:
     outage = args.minutes * 60
 
     root = Path(tempfile.mkdtemp(prefix="outage-bench-"))
+    (root / "stack").mkdir()
     stack = ThrowawayStack(root / "stack")
     try:
         print(f"starting a throwaway stack under {root} ...", flush=True)
