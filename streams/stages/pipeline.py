@@ -48,7 +48,10 @@ def open_pipeline_deps(dsn: str, queues_file: Path | str | None = None,
 
     async def open_deps() -> tuple[Deps, Park, Callable[[], Awaitable[None]]]:
         queues = load_queues(queues_file)
-        db = await Database.open(dsn, max_size=pool_size, name="stovepipe-worker")
+        # all connections up front: the pool grows one connection at a time, so under a
+        # sudden backlog handlers would queue for connections for seconds (measured)
+        db = await Database.open(dsn, min_size=pool_size, max_size=pool_size,
+                                 name="stovepipe-worker")
         deps = Deps(db=db, queues=queues, extensions=Extensions(queues))
         return deps, park_into(db), db.close
 
