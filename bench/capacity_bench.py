@@ -72,8 +72,9 @@ def rss_mb(pid: int) -> float:
 
 def deployment(args: argparse.Namespace, name: str) -> pb.Deployment:
     bootstrap, admin_dsn = pb.endpoints()
-    ns = argparse.Namespace(delay="1s", loglevel="warn", plain_worker=True, experiments="",
-                            switch_interval=None, workers=1, hosted_latency=False)
+    ns = pb.parse_args([])  # the pipeline bench's defaults, then this bench's choices
+    ns.delay, ns.loglevel, ns.plain_worker, ns.experiments = "1s", "warn", True, ""
+    ns.workers, ns.hosted_latency = 1, False
     root = Path(tempfile.mkdtemp(prefix=f"capacity-{name}-"))
     dep = pb.Deployment(ns, bootstrap, admin_dsn, pb.Variant("shipped", None), root)
     dep.setup()
