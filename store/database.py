@@ -170,11 +170,7 @@ class Database(Stores):
             tx = Transaction(conn)
             try:
                 yield tx
-                if conn.info.transaction_status is TransactionStatus.INERROR:
-                    raise RuntimeError(
-                        "the transaction was aborted by a database error the block "
-                        "swallowed; nothing was committed"
-                    )
+                _refuse_aborted(conn)
                 await conn.execute("COMMIT")
             except BaseException:
                 # the original error matters; a connection too broken to roll back is
@@ -195,11 +191,13 @@ class Database(Stores):
             tx = Transaction(conn)
             try:
                 yield tx
-                if conn.info.transaction_status is TransactionStatus.INERROR:
-                    # COMMIT of an aborted transaction silently rolls back: say so.
-                    raise RuntimeError(
-                        "the transaction was aborted by a database error the block "
-                        "swallowed; nothing was committed"
-                    )
+                _refuse_aborted(conn)
             finally:
                 tx._tx_source.finished = True
+
+
+def _refuse_aborted(conn: AsyncConnection[Any]) -> None:
+    """COMMIT of an aborted transaction silently rolls back: say so instead."""
+    if conn.info.transaction_status is TransactionStatus.INERROR:
+        raise RuntimeError("the transaction was aborted by a database error the block "
+                           "swallowed; nothing was committed")

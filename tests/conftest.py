@@ -15,6 +15,8 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -22,6 +24,9 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from streams.config import settings as settings_mod
+
+if TYPE_CHECKING:
+    from tests.pipeline_support import Pipeline
 
 
 def _docker_answers() -> bool:
@@ -157,3 +162,19 @@ def migrated_dsn(schema_dsn: str) -> str:
 
     migrate(schema_dsn)
     return schema_dsn
+
+
+@pytest.fixture
+def pipeline(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
+             tmp_path: Path) -> Iterator[Pipeline]:
+    """A pipeline of its own (topics, schema, queues, fake repository), workers stopped
+    at the end: `tests.pipeline_support.Pipeline`."""
+    # deferred: only the end-to-end tests need it, and it pulls in the CLI's settings
+    from tests.pipeline_support import Pipeline
+
+    p = Pipeline(bootstrap=kafka_bootstrap, dsn=migrated_dsn, prefix=topic_prefix,
+                 root=tmp_path)
+    try:
+        yield p
+    finally:
+        p.stop_workers()

@@ -184,14 +184,28 @@ class Pipeline:
         wait_until(done, timeout=timeout, what="every Request terminal", interval=0.2)
 
     def wait_quiet(self, timeout: float = 90) -> None:
-        """Every Request terminal and every fact/bookmark written for the green ones."""
+        """Every Request terminal, every settled build's fact recorded, and the bookmarks
+        and promotion refs where those facts put them."""
         self.wait_terminal(timeout=timeout)
 
         def settled() -> bool:
-            return not self.invariant_violations(strict_bookmark=True)
+            return not self.missing_facts() and \
+                not self.invariant_violations(strict_bookmark=True)
 
         wait_until(settled, timeout=timeout, what="facts and bookmarks to settle",
                    interval=0.2)
+
+    def missing_facts(self) -> list[str]:
+        """Requests whose outcome a build decided (succeeded, or failed by a build that
+        failed) but whose fact record has not written yet: record runs after the Request
+        turns terminal, so a test waits for these before it judges outcomes. (A fact is
+        per commit, first one wins: a Request validating a commit again finds its fact.)"""
+        return [rid for (rid,) in self.query(
+            "SELECT r.id FROM request r WHERE r.state IN ('succeeded', 'failed')"
+            " AND EXISTS (SELECT 1 FROM build b WHERE b.queue = r.queue"
+            "             AND b.request_id = r.id AND b.status IN ('succeeded', 'failed'))"
+            " AND NOT EXISTS (SELECT 1 FROM validation_fact f"
+            "                 WHERE f.queue = r.queue AND f.uri = r.uri)")]
 
     def invariant_violations(self, *, strict_bookmark: bool = False) -> list[str]:
         """Design §4's invariants at a quiet point; [] when all hold."""

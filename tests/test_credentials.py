@@ -10,7 +10,6 @@ import json
 import subprocess
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -27,17 +26,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 SECRET = "s3cr3t-Pa55"
 ROTATED = "n3w-Pa55-after-rotation"
 QUEUE = "mono/main"
-
-
-@pytest.fixture
-def pipeline(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
-             tmp_path: Path) -> Iterator[Pipeline]:
-    p = Pipeline(bootstrap=kafka_bootstrap, dsn=migrated_dsn, prefix=topic_prefix,
-                 root=tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop_workers()
 
 
 def _git(work: Path, *args: str) -> str:

@@ -5,9 +5,6 @@ returns. The hang is a latch the test releases (``triggerlatch`` in the fake run
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from tests.pipeline_support import Pipeline
@@ -16,17 +13,6 @@ from tests.waiting import wait_until
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 
 OTHERS = 6
-
-
-@pytest.fixture
-def pipeline(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
-             tmp_path: Path) -> Iterator[Pipeline]:
-    p = Pipeline(bootstrap=kafka_bootstrap, dsn=migrated_dsn, prefix=topic_prefix,
-                 root=tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop_workers()
 
 
 def test_a_queue_whose_ci_hangs_delays_no_other_queue(pipeline: Pipeline) -> None:

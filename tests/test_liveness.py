@@ -10,9 +10,8 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,17 +29,6 @@ from tests.pipeline_support import Pipeline
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
-
-
-@pytest.fixture
-def pipeline(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
-             tmp_path: Path) -> Iterator[Pipeline]:
-    p = Pipeline(bootstrap=kafka_bootstrap, dsn=migrated_dsn, prefix=topic_prefix,
-                 root=tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop_workers()
 
 
 def _in_process(pipeline: Pipeline,

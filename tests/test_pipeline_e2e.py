@@ -4,8 +4,6 @@ database, driven only through the CLI, the topics and the fake repository's file
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -18,17 +16,6 @@ from tests.pipeline_support import (
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
-
-
-@pytest.fixture
-def pipeline(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
-             tmp_path: Path) -> Iterator[Pipeline]:
-    p = Pipeline(bootstrap=kafka_bootstrap, dsn=migrated_dsn, prefix=topic_prefix,
-                 root=tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop_workers()
 
 
 def _uri(ref: str, sha: str) -> str:
