@@ -10,6 +10,7 @@ group — is a `click.ClickException`, never a traceback.
 from __future__ import annotations
 
 import logging
+import socket
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -170,6 +171,13 @@ class Kafka:
                 f"bad Kafka bootstrap {bootstrap!r}: {_reason(exc)}") from None
         # never subscribes: it reads watermarks and times, and joins no group
         self._consumer: Consumer | None = None
+        refused = refused_bootstrap(bootstrap, timeout)
+        if refused is not None:
+            raise click.ClickException(
+                f"no answer from Kafka at {bootstrap} within {timeout:g}s "
+                f"({refused.strerror or refused}); is "
+                f"the broker running? (`stovepipe dev up` starts a local one; "
+                f"{settings_mod.ENV_KAFKA_BOOTSTRAP} or --bootstrap point elsewhere)")
 
     def consumer(self) -> Consumer:
         if self._consumer is None:
@@ -283,6 +291,25 @@ class Kafka:
         except TimeoutError as exc:
             raise self.unreachable(f"resetting the offsets of group {group!r}", exc) from None
         return {tp.partition: tp.error for tp in result.topic_partitions or ()}
+
+
+def refused_bootstrap(bootstrap: str, timeout: float) -> OSError | None:
+    """The error of the last bootstrap server when none of them accepts a TCP connection,
+    else None. librdkafka retries a refused connection until the call's timeout; a
+    command answers at once instead when nothing listens (a slow broker still gets the
+    whole timeout)."""
+    error: OSError | None = None
+    for server in filter(None, (s.strip() for s in bootstrap.split(","))):
+        host, _, port = server.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or server, int(port or 9092)),
+                                          timeout=timeout):
+                return None
+        except ValueError:
+            return None  # not host:port: librdkafka reports it in its own words
+        except OSError as exc:
+            error = exc
+    return error
 
 
 def open_kafka(bootstrap: str | None, timeout: float) -> Kafka:

@@ -10,7 +10,12 @@ from pathlib import Path
 
 import click
 
-from streams.cli.kafka import broker_options, load_topics_or_fail, topics_options
+from streams.cli.kafka import (
+    broker_options,
+    load_topics_or_fail,
+    refused_bootstrap,
+    topics_options,
+)
 from streams.config import settings as settings_mod
 from streams.config.topics import DelayTier
 from streams.runtime.topic_admin import (
@@ -54,6 +59,14 @@ def _run(ctx: click.Context, topics_file: Path | None, prefix: str | None, boots
          timeout: float, *, create: bool) -> None:
     config = load_topics_or_fail(topics_file, prefix)
     bootstrap = bootstrap or settings_mod.load_settings().kafka_bootstrap
+    refused = refused_bootstrap(bootstrap, timeout)
+    if refused is not None:
+        raise click.ClickException(
+            f"no answer from Kafka at {bootstrap} within {timeout:g}s "
+            f"({refused.strerror or refused}); is the "
+            f"broker running? "
+            f"(`stovepipe dev up` starts a local one; {settings_mod.ENV_KAFKA_BOOTSTRAP} or "
+            f"--bootstrap point elsewhere)")
     try:
         report = ensure_topics(admin_conf_for(bootstrap), config, create=create,
                                timeout=timeout)
