@@ -15,6 +15,7 @@ from store.entities import BuildStatus
 from streams.extensions.buildrunner import BuildReport, BuildRunner, BuildRunnerError
 from streams.extensions.buildrunner.fake import (
     CANCELLED_FILE,
+    LATCH_POLL,
     Behaviour,
     FakeBuild,
     FakeBuildRunner,
@@ -263,14 +264,28 @@ def test_a_cancel_from_another_process(tmp_path: Path) -> None:
     assert status(runner, build_id) is BuildStatus.CANCELLED
 
 
-def test_a_trigger_latch_holds_the_trigger_call_until_released(tmp_path: Path) -> None:
+def test_a_trigger_latch_holds_the_trigger_call_until_released(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = FakeBuildRunner(tmp_path)
+    latch = tmp_path / "latches" / "T"
+    looks: list[Path] = []
+    real_exists = Path.exists
+
+    def counting_exists(path: Path, *args: object, **kwargs: object) -> bool:
+        if path == latch:
+            looks.append(path)
+        return real_exists(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "exists", counting_exists)
 
     async def main() -> str:
         call = asyncio.create_task(runner.trigger(None, head("c1-triggerlatchT"), {}))
-        for _ in range(10):
-            await asyncio.sleep(0.06)
+        deadline = time.monotonic() + 30
+        while len(looks) < 5:  # the call has looked for the latch, and found none, 5 times
+            assert time.monotonic() < deadline, "the trigger call never looked for its latch"
             assert not call.done()
+            await asyncio.sleep(LATCH_POLL)
+        assert not call.done()
         (tmp_path / "latches").mkdir()
         (tmp_path / "latches" / "T").touch()
         return await asyncio.wait_for(call, 30)

@@ -171,13 +171,7 @@ class Kafka:
                 f"bad Kafka bootstrap {bootstrap!r}: {_reason(exc)}") from None
         # never subscribes: it reads watermarks and times, and joins no group
         self._consumer: Consumer | None = None
-        refused = refused_bootstrap(bootstrap, timeout)
-        if refused is not None:
-            raise click.ClickException(
-                f"no answer from Kafka at {bootstrap} within {timeout:g}s "
-                f"({refused.strerror or refused}); is "
-                f"the broker running? (`stovepipe dev up` starts a local one; "
-                f"{settings_mod.ENV_KAFKA_BOOTSTRAP} or --bootstrap point elsewhere)")
+        fail_when_nothing_listens(bootstrap, timeout)
 
     def consumer(self) -> Consumer:
         if self._consumer is None:
@@ -291,6 +285,17 @@ class Kafka:
         except TimeoutError as exc:
             raise self.unreachable(f"resetting the offsets of group {group!r}", exc) from None
         return {tp.partition: tp.error for tp in result.topic_partitions or ()}
+
+
+def fail_when_nothing_listens(bootstrap: str, timeout: float) -> None:
+    """A ClickException naming the broker when no bootstrap server accepts a connection."""
+    refused = refused_bootstrap(bootstrap, timeout)
+    if refused is not None:
+        raise click.ClickException(
+            f"no answer from Kafka at {bootstrap} within {timeout:g}s "
+            f"({refused.strerror or refused}); is the broker running? (`stovepipe dev up` "
+            f"starts a local one; {settings_mod.ENV_KAFKA_BOOTSTRAP} or --bootstrap point "
+            f"elsewhere)")
 
 
 def refused_bootstrap(bootstrap: str, timeout: float) -> OSError | None:

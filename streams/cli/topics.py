@@ -12,8 +12,8 @@ import click
 
 from streams.cli.kafka import (
     broker_options,
+    fail_when_nothing_listens,
     load_topics_or_fail,
-    refused_bootstrap,
     topics_options,
 )
 from streams.config import settings as settings_mod
@@ -59,14 +59,7 @@ def _run(ctx: click.Context, topics_file: Path | None, prefix: str | None, boots
          timeout: float, *, create: bool) -> None:
     config = load_topics_or_fail(topics_file, prefix)
     bootstrap = bootstrap or settings_mod.load_settings().kafka_bootstrap
-    refused = refused_bootstrap(bootstrap, timeout)
-    if refused is not None:
-        raise click.ClickException(
-            f"no answer from Kafka at {bootstrap} within {timeout:g}s "
-            f"({refused.strerror or refused}); is the "
-            f"broker running? "
-            f"(`stovepipe dev up` starts a local one; {settings_mod.ENV_KAFKA_BOOTSTRAP} or "
-            f"--bootstrap point elsewhere)")
+    fail_when_nothing_listens(bootstrap, timeout)
     try:
         report = ensure_topics(admin_conf_for(bootstrap), config, create=create,
                                timeout=timeout)

@@ -38,8 +38,7 @@ async def load_request(deps: Deps, queue_name: str, request_id: str) -> Request:
     (`request/<queue>/<n>`); a queue_name, when the message has one, must be the same
     queue (WrongQueue otherwise). ValueError for an id of another shape, NotFound for an
     unknown one: a message can never reach a Request its queue and id do not both name."""
-    queue, _ = parse_request_id(request_id)
-    check_queue_name(queue_name, queue, f"request {bounded(request_id)}")
+    queue = _queue_of(queue_name, request_id)
     return await deps.db.requests.get(queue, request_id)
 
 
@@ -47,8 +46,7 @@ async def load_request_with_queue(deps: Deps, queue_name: str,
                                   request_id: str) -> tuple[Request, Queue | None]:
     """`load_request`, and the row of the Request's queue (None if it has none yet), in
     one read."""
-    queue, _ = parse_request_id(request_id)
-    check_queue_name(queue_name, queue, f"request {bounded(request_id)}")
+    queue = _queue_of(queue_name, request_id)
     return await deps.db.steps.request_with_queue(queue, request_id)
 
 
@@ -56,9 +54,16 @@ async def load_request_with_first_build(deps: Deps, queue_name: str,
                                         request_id: str) -> tuple[Request, str | None]:
     """`load_request`, and the id of the Request's first build (None if it has none), in
     one read."""
-    queue, _ = parse_request_id(request_id)
-    check_queue_name(queue_name, queue, f"request {bounded(request_id)}")
+    queue = _queue_of(queue_name, request_id)
     return await deps.db.steps.request_with_first_build(queue, request_id)
 
 
 StageContext = Context[Deps]
+
+
+def _queue_of(queue_name: str, request_id: str) -> str:
+    """The queue a Request id names, which must be the message's queue_name when it has
+    one (ValueError for an id of another shape, WrongQueue for another queue)."""
+    queue, _ = parse_request_id(request_id)
+    check_queue_name(queue_name, queue, f"request {bounded(request_id)}")
+    return queue
