@@ -12,6 +12,15 @@ _INSERT = (
     f" ON CONFLICT (queue, uri, project) DO NOTHING RETURNING {_COLUMNS}"
 )
 
+# the queue's green facts by ingest order, on index validation_fact_green_order
+_GREEN = (f"SELECT {_COLUMNS} FROM validation_fact"
+          " WHERE queue = %(queue)s AND project = '' AND degree = 0")
+_GREEN_NEWEST_FIRST = _GREEN + " ORDER BY request_seq(request_id) DESC LIMIT %(limit)s"
+_GREEN_BELOW_NEWEST_FIRST = (_GREEN + " AND request_seq(request_id) < %(seq)s"
+                             " ORDER BY request_seq(request_id) DESC LIMIT %(limit)s")
+_GREEN_ABOVE_OLDEST_FIRST = (_GREEN + " AND request_seq(request_id) > %(seq)s"
+                             " ORDER BY request_seq(request_id) ASC LIMIT %(limit)s")
+
 
 def _fact(row: Row) -> ValidationFact:
     return ValidationFact(**row)
@@ -62,3 +71,22 @@ class FactStore(Store):
             request_key={"queue": queue, "id": request_id},
         )
         return _fact(row) if row is not None else await self.get(queue, uri, project)
+
+    async def green_older_than(self, queue: str, seq: int | None,
+                               limit: int) -> list[ValidationFact]:
+        """The queue's green facts whose Request was ingested before Request number
+        ``seq`` (None: all), newest first; at most ``limit``."""
+        params = {"queue": queue, "seq": seq, "limit": limit}
+        rows = await self._fetch_all(
+            _GREEN_NEWEST_FIRST if seq is None else _GREEN_BELOW_NEWEST_FIRST, params,
+            key={"queue": queue})
+        return [_fact(row) for row in rows]
+
+    async def green_newer_than(self, queue: str, seq: int,
+                               limit: int) -> list[ValidationFact]:
+        """The queue's green facts whose Request was ingested after Request number
+        ``seq``, oldest first; at most ``limit``."""
+        rows = await self._fetch_all(_GREEN_ABOVE_OLDEST_FIRST,
+                                     {"queue": queue, "seq": seq, "limit": limit},
+                                     key={"queue": queue})
+        return [_fact(row) for row in rows]

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
 
-from store import NotFound
+from store import NotFound, ValidationFact
 from streams.cli.common import emit, json_option, open_db, run_async
-from streams.web import queries
+from streams.config.queues import Extensions, UnknownQueue, load_queues
+from streams.extensions.sourcecontrol import AmbiguousCommit, CommitNotFound
+from streams.stages.deps import Deps
+from streams.web import gate, queries
+from streams.web.gate import GreenAnswer
 
 
 @click.command("request")
@@ -73,26 +78,49 @@ def queue_command(name: str, as_json: bool) -> None:
 
 @click.command("fact")
 @click.argument("queue")
-@click.argument("uri")
+@click.argument("commit")
+@click.option("--queues-file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="The queue configuration (default: STOVEPIPE_QUEUES_FILE, "
+                                 "else queues.yaml).")
 @json_option
-def fact_command(queue: str, uri: str, as_json: bool) -> None:
-    """Is URI green on QUEUE? Exit status 0 when green, 3 when red or unknown (no fact
-    means not green), so a deploy gate can use it directly."""
+def fact_command(queue: str, commit: str, queues_file: Path | None, as_json: bool) -> None:
+    """Is COMMIT green on QUEUE? COMMIT is a full sha, a unique prefix of one, or the
+    commit's URI. When it is not green, says its newest green ancestor and its oldest
+    green descendant. Exit status 0 when green, 3 when red or unknown (no fact means not
+    green), so a deploy gate can use it directly."""
+    queues = load_queues(queues_file)
 
-    async def run() -> Any:
+    async def run() -> GreenAnswer:
         db = await open_db()
         try:
-            return await queries.fact_or_none(db, queue, uri)
+            deps = Deps(db=db, queues=queues, extensions=Extensions(queues))
+            try:
+                uri = await gate.resolve_commit(deps, queue, commit)
+                return await gate.green_answer(deps, queue, uri)
+            except (CommitNotFound, AmbiguousCommit, UnknownQueue, ValueError) as exc:
+                raise click.ClickException(str(exc)) from None
         finally:
             await db.close()
 
-    fact = run_async(run)
+    answer = run_async(run)
+    fact = answer.fact
     if fact is None:
-        emit(as_json, {"fact": None, "green": False},
-              [f"{uri}: no fact (not green)"])
+        verdict = "no fact (not green)"
     else:
-        emit(as_json, {"fact": fact, "green": fact.is_green},
-              [f"{uri}: degree {fact.degree:g} ({'green' if fact.is_green else 'red'}), "
-               f"by {fact.request_id} at {fact.created_at.isoformat()}"])
-    if fact is None or not fact.is_green:
+        verdict = (f"degree {fact.degree:g} ({'green' if fact.is_green else 'red'}), "
+                   f"by {fact.request_id} at {fact.created_at.isoformat()}")
+    lines = [f"{answer.uri}: {verdict}"]
+    if not answer.green:
+        lines += [f"  newest green ancestor   {_green_line(answer.prior_green)}",
+                  f"  oldest green descendant {_green_line(answer.next_green)}"]
+        if not answer.complete:
+            lines.append(f"  (searched the {answer.searched} nearest green commits only)")
+    emit(as_json, {"uri": answer.uri, "fact": fact, "green": answer.green,
+                   "prior_green": answer.prior_green, "next_green": answer.next_green,
+                   "complete": answer.complete}, lines)
+    if not answer.green:
         raise SystemExit(3)
+
+
+def _green_line(fact: ValidationFact | None) -> str:
+    return f"{fact.uri}  ({fact.request_id})" if fact is not None else "none"

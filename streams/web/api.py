@@ -7,18 +7,21 @@
     GET  /api/queues/{queue}             one queue: bookmark, promotion ref, slots, latest
     GET  /api/queues/{queue}/requests    its recent Requests, newest first (?limit=1..100)
     GET  /api/requests/{request_id}      a Request, its builds and its commit's fact
-    GET  /api/facts?queue=Q&uri=U        is this commit green? (no fact: not green)
+    GET  /api/queues/{queue}/green?sha=S is this commit green, and if not, its newest green
+                                         ancestor and its oldest green descendant
+    GET  /api/facts?queue=Q&sha=S        is this commit green? (no fact: not green); the
+                                         commit by full sha, unique prefix, or uri=U
     GET  /api/dlq                        dead letters waiting for their reconcilers
     GET  /health                         200 when started and the database answers
     GET  /  and  /dashboard              the dashboard page (streams/dashboard/)
 
 Queue names and request ids contain '/'. Both may be written as they are or URL-encoded
-(`/api/queues/team%2Fmain`); a queue whose name itself ends in `/requests` or `/ingest`
-can only be named encoded.
+(`/api/queues/team%2Fmain`); a queue whose name itself ends in `/requests`, `/green` or
+`/ingest` can only be named encoded.
 
 Every error is JSON `{"error": message}`, never a traceback: 400 malformed input, 401
 missing or wrong bearer token (POST only, and only when a token is configured), 404
-unknown queue, request or endpoint, 422 the queue's repository or ref does not exist, 502
+unknown queue, request, commit or endpoint, 422 the queue's repository or ref does not exist, 502
 a dependency refused for good, 503 the worker is starting or a dependency (database,
 Kafka, repository) is unavailable or too slow, 500 anything else (logged by the worker).
 """
@@ -41,17 +44,23 @@ from faust.web import View
 
 from store import NotFound, StoreError
 from streams.config.names import InvalidQueueName, UnknownQueue, validate_queue_name
-from streams.extensions.sourcecontrol import SourceControlError, UnknownRef
+from streams.extensions.sourcecontrol import (
+    AmbiguousCommit,
+    CommitNotFound,
+    SourceControlError,
+    UnknownRef,
+)
 from streams.runtime.classify import is_retryable
 from streams.runtime.stage import Delivery
 from streams.runtime.worker import RuntimeService
 from streams.stages.deps import Deps
 from streams.stages.ingest import ingest_head
-from streams.web import queries
+from streams.web import gate, queries
 
 log = logging.getLogger("stovepipe.http")
 
 READ_DEADLINE = 5.0  # seconds a read may take before it answers 503
+GATE_DEADLINE = 15.0  # a green search also asks the repository about ancestry
 INGEST_DEADLINE = 15.0  # an ingest also asks the repository and waits for Kafka's ack
 HEALTH_DEADLINE = 2.0
 DEFAULT_RECENT_LIMIT = 20
@@ -118,6 +127,10 @@ def error_response(exc: Exception) -> web.Response:
         return _error(404, str(exc))
     if isinstance(exc, NotFound):
         return _error(404, str(exc))
+    if isinstance(exc, CommitNotFound):
+        return _error(404, str(exc))
+    if isinstance(exc, AmbiguousCommit):
+        return _error(400, str(exc))
     if isinstance(exc, UnknownRef):
         return _error(422, f"{exc} (fix the queue's source_control in the queue "
                            f"configuration)")
@@ -244,17 +257,35 @@ class Api:
 
     async def fact(self, request: web.Request) -> web.Response:
         queue = _required_param(request, "queue")
-        uri = _required_param(request, "uri")
+        by, commit = _commit_param(request)
         validate_queue_name(queue)
         deps = self._delivery().deps
-        body: dict[str, Any] = {"queue": queue, "uri": uri}
-        try:
-            deps.queue_config(queue)
-        except UnknownQueue as exc:  # still not green, and say why
-            body["note"] = str(exc)
+        body: dict[str, Any] = {"queue": queue, by: commit}
+        if by == "sha":
+            async with asyncio.timeout(READ_DEADLINE):
+                body["uri"] = uri = await _resolved(deps, queue, commit)
+        else:
+            uri = commit
+            try:
+                deps.queue_config(queue)
+            except UnknownQueue as exc:  # still not green, and say why
+                body["note"] = str(exc)
         async with asyncio.timeout(READ_DEADLINE):
             fact = await queries.fact_or_none(deps.db, queue, uri)
         return _json({**body, "green": fact is not None and fact.is_green, "fact": fact})
+
+    async def green(self, request: web.Request, queue: str) -> web.Response:
+        by, commit = _commit_param(request)
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        async with asyncio.timeout(GATE_DEADLINE):
+            uri = await _resolved(deps, queue, commit)
+            answer = await gate.green_answer(deps, queue, uri)
+        return _json({"queue": queue, by: commit, "uri": answer.uri,
+                      "committed_at": answer.committed_at, "green": answer.green,
+                      "fact": answer.fact, "prior_green": answer.prior_green,
+                      "next_green": answer.next_green, "searched": answer.searched,
+                      "complete": answer.complete})
 
     async def dlq(self, request: web.Request) -> web.Response:
         report = await self.dead_letters.report()
@@ -306,8 +337,26 @@ def _required_param(request: web.Request, name: str) -> str:
     value = request.query.get(name, "")
     if not value:
         raise ApiError(400, f"missing query parameter {name!r}, e.g. "
-                            f"/api/facts?queue=monorepo/main&uri=<commit uri>")
+                            f"/api/facts?queue=monorepo/main&sha=<commit sha>")
     return value
+
+
+def _commit_param(request: web.Request) -> tuple[str, str]:
+    """("sha", value) or ("uri", value): the commit a gate asks about, named exactly one
+    way."""
+    given = [(name, request.query[name]) for name in ("sha", "uri") if request.query.get(name)]
+    if len(given) != 1:
+        raise ApiError(400, "name the commit with exactly one of the query parameters "
+                            "'sha' (a full sha or a unique prefix) and 'uri' (its commit URI)")
+    return given[0]
+
+
+async def _resolved(deps: Deps, queue: str, commit: str) -> str:
+    """The URI of a sha or prefix on the queue; not a sha at all is a 400."""
+    try:
+        return await gate.resolve_commit(deps, queue, commit)
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from None
 
 
 def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
@@ -327,6 +376,7 @@ def _int_param(request: web.Request, name: str, default: int, low: int, high: in
 _ROUTES: tuple[tuple[str, str, str], ...] = (
     ("post", "/api/queues/{queue:.+}/ingest", "ingest"),
     ("get", "/api/queues/{queue:.+}/requests", "queue_requests"),
+    ("get", "/api/queues/{queue:.+}/green", "green"),
     ("get", "/api/queues/{queue:.+}", "queue"),
     ("get", "/api/queues", "queues"),
     ("get", "/api/requests/{request_id:.+}", "request"),

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -27,6 +27,7 @@ from store import (
     parse_request_id,
 )
 from streams.config.names import validate_queue_name
+from streams.extensions.sourcecontrol import SourceControlError
 
 if TYPE_CHECKING:  # the read queries need no stage machinery, only its type
     from streams.stages.deps import Deps
@@ -135,20 +136,11 @@ async def queue_state(db: Database, name: str) -> Queue | None:
         return None
 
 
-@runtime_checkable
-class PromotionTargetReader(Protocol):
-    """Optional SourceControl capability: where the promotion ref points now."""
-
-    async def promotion_target(self) -> str | None:
-        """The URI the promotion ref points at; None if it was never moved."""
-        ...
-
-
 @dataclass(frozen=True)
 class PromotionRef:
     name: str
-    target: str | None  # None: not promoted yet, or the source control cannot tell
-    target_known: bool  # whether the source control was able to say
+    target: str | None  # None: not promoted yet, or the repository did not answer
+    target_known: bool  # whether the repository answered
 
 
 @dataclass(frozen=True)
@@ -190,10 +182,11 @@ async def _promotion_ref(deps: Deps, name: str) -> PromotionRef | None:
     ref_name = getattr(deps.queue_config(name).source_control, "promotion_ref", None)
     if not ref_name:
         return None
-    source_control = deps.extensions.source_control(name)
-    if isinstance(source_control, PromotionTargetReader):
-        return PromotionRef(ref_name, await source_control.promotion_target(), True)
-    return PromotionRef(ref_name, None, False)
+    try:
+        target = await deps.extensions.source_control(name).promotion_target()
+    except SourceControlError:  # the rest of the overview still answers
+        return PromotionRef(ref_name, None, False)
+    return PromotionRef(ref_name, target, True)
 
 
 # --- health -----------------------------------------------------------------------------

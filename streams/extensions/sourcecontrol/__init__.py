@@ -6,6 +6,7 @@ and adding its spec here.
 """
 
 from streams.extensions.sourcecontrol.contract import (
+    AmbiguousCommit,
     CommitNotFound,
     PromotionMoved,
     SourceControl,
@@ -18,5 +19,5 @@ from streams.extensions.sourcecontrol.git import GitSourceControlSpec
 # The registry of kinds, in the order error messages list them.
 SourceControlSpec = FakeSourceControlSpec | GitSourceControlSpec
 
-__all__ = ["CommitNotFound", "PromotionMoved", "SourceControl", "SourceControlError",
-           "SourceControlSpec", "UnknownRef"]
+__all__ = ["AmbiguousCommit", "CommitNotFound", "PromotionMoved", "SourceControl",
+           "SourceControlError", "SourceControlSpec", "UnknownRef"]

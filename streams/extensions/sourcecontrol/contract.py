@@ -3,7 +3,8 @@
 Errors: `UnknownRef` (the queue's ref or repository does not exist: a user error, never
 retried), `CommitNotFound` (the commit is not on the ref any more, e.g. after a
 force-push), `PromotionMoved` (a promotion's compare-and-set lost), and
-`SourceControlError` whose `retryable` says whether to try again.
+`AmbiguousCommit` (a sha prefix names several commits), and `SourceControlError` whose
+`retryable` says whether to try again.
 
 URIs carry no secrets: they are built from a credential-free identity of the repository,
 so rotating a credential changes no URI (design §8).
@@ -31,6 +32,10 @@ class UnknownRef(SourceControlError):
 
 class CommitNotFound(SourceControlError):
     """The commit named by a URI is not (or no longer) on the queue's ref."""
+
+
+class AmbiguousCommit(SourceControlError):
+    """A sha prefix names more than one commit: give more digits."""
 
 
 class PromotionMoved(SourceControlError):
@@ -70,3 +75,22 @@ class SourceControl(Protocol):
     async def commit_time(self, uri: str) -> datetime:
         """The commit's timestamp (timezone-aware)."""
         ...
+
+    async def commit_uri(self, sha: str) -> str:
+        """The URI this queue names the commit ``sha`` by: a full sha or a unique prefix
+        (as a deploy gate has it). CommitNotFound when the repository has no such commit,
+        AmbiguousCommit when a prefix names several, ValueError when ``sha`` cannot be
+        one."""
+        ...
+
+
+def one_commit(asked: str, matches: list[str], where: str) -> str:
+    """The one commit ``asked`` (a sha or a prefix of one) names among ``matches``:
+    CommitNotFound for none, AmbiguousCommit naming a few of them for several."""
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise CommitNotFound(f"{where} has no commit {asked!r}")
+    shown = ", ".join(sorted(matches)[:5]) + (", …" if len(matches) > 5 else "")
+    raise AmbiguousCommit(f"{asked!r} names {len(matches)} commits of {where} ({shown}); "
+                          f"give more digits")

@@ -49,6 +49,7 @@ from streams.extensions.sourcecontrol.contract import (
     PromotionMoved,
     SourceControlError,
     UnknownRef,
+    one_commit,
 )
 from streams.schema.fields import SPEC, ConfigPath, Duration, NonEmptyStr
 
@@ -283,6 +284,16 @@ class FakeSourceControl:
 
     async def commit_time(self, uri: str) -> datetime:
         return await asyncio.to_thread(self._commit_time, uri)
+
+    async def commit_uri(self, sha: str) -> str:
+        wanted = sha.strip()
+        if not wanted or "/" in wanted or any(c.isspace() for c in wanted):
+            raise ValueError(f"{sha!r} is not a fake sha (a non-empty string without '/' "
+                             f"or spaces)")
+        commits = (await asyncio.to_thread(self._state)).commits
+        found = [wanted] if wanted in commits else [c for c in commits if c.startswith(wanted)]
+        return fake_uri(self.repo, self.ref,
+                        one_commit(wanted, found, f"fake repository {self.repo!r}"))
 
     # --- blocking halves, run in a thread ---
 

@@ -11,6 +11,8 @@ repository names no commit here: ``CommitNotFound``.
 
 from __future__ import annotations
 
+import contextlib
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -22,6 +24,7 @@ from streams.extensions import ExtensionContext
 from streams.extensions.sourcecontrol.contract import (
     CommitNotFound,
     UnknownRef,
+    one_commit,
 )
 from streams.extensions.sourcecontrol.gitrepo import (
     DEFAULT_LOCAL_TIMEOUT,
@@ -36,6 +39,9 @@ from streams.extensions.sourcecontrol.gituri import (
     parse_uri,
 )
 from streams.schema.fields import SPEC, ConfigPath, Flag
+
+_SHA_PREFIX = re.compile(r"[0-9a-f]{4,64}")
+_FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 @spec_dataclass(frozen=True, config=SPEC)
@@ -140,6 +146,18 @@ class GitSourceControl:
             raise CommitNotFound(f"git repository {self.repository} has no commit {sha} "
                                  f"(from {uri})")
         return await self.repo.commit_time(sha)
+
+    async def commit_uri(self, sha: str) -> str:
+        wanted = sha.strip().lower()
+        if not _SHA_PREFIX.fullmatch(wanted):
+            raise ValueError(f"{sha!r} is not a commit sha: want 4 to 64 hex digits")
+        if _FULL_SHA.fullmatch(wanted):  # names itself: no need to ask the repository
+            return git_uri(self.repository, self.ref, wanted)
+        with contextlib.suppress(UnknownRef):  # fetch the ref first: the commit may be new
+            await self.repo.resolve(self.ref)
+        found = await self.repo.commits_with_prefix(wanted)
+        return git_uri(self.repository, self.ref,
+                       one_commit(wanted, found, f"git repository {self.repository}"))
 
     def _sha(self, uri: str) -> str:
         commit = parse_uri(uri)

@@ -270,6 +270,19 @@ class GitRepository:
             raise _remote_failure(self.repository, f"fetch of commit {sha}", result)
         return await self.has_commit(sha)
 
+    async def commits_with_prefix(self, prefix: str) -> list[str]:
+        """The full shas of the commits whose sha starts with ``prefix`` (at least 4 hex
+        digits), as the repository has them now."""
+        listed = await self.git("rev-parse", f"--disambiguate={prefix}")
+        if listed.code != 0:
+            raise _local_failure(self.repository, f"rev-parse --disambiguate={prefix}", listed)
+        commits = []
+        for name in listed.stdout.split():  # any object type: keep the commits
+            kind = await self.git("cat-file", "-t", name)
+            if kind.code == 0 and kind.stdout.strip() == "commit":
+                commits.append(name)
+        return commits
+
     async def is_ancestor(self, ancestor: str, descendant: str) -> bool:
         """``git merge-base --is-ancestor``: a commit is its own ancestor. CommitNotFound
         when either commit is not in the repository."""

@@ -89,7 +89,7 @@ function renderQueue(queue, recent) {
       promo.target
         ? el("span", { class: "mono" }, promo.target)
         : el("span", { class: "muted" },
-          promo.target_known ? "not moved yet" : "follows the bookmark (target not reported)"));
+          promo.target_known ? "not moved yet" : "unknown (the repository did not answer)"));
   }
   const latest = queue.latest_request;
   const facts = el("dl", { class: "facts" },

@@ -1,0 +1,115 @@
+"""Deploy-gate answers by commit (design §9): is this commit green on the queue, and when
+it is not, which green commits are nearest it — the newest green ancestor (what was green
+before it: "deploy this instead") and the oldest green descendant (the first later commit
+that is green: "wait for, or deploy, this").
+
+A gate has a sha, not our URI, so a commit may be named by its full sha, a unique prefix
+of one, or the URI itself. The CLI (`stovepipe fact`) and the HTTP API
+(`/api/facts`, `/api/queues/{queue}/green`) share these reads.
+
+The search walks the queue's green facts by ingest order on an index (never the whole
+table) and asks the repository about ancestry one candidate at a time, at most
+`SEARCH_LIMIT` candidates in each direction; `complete` says whether it was exhaustive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from store import NotFound, ValidationFact, request_seq
+from streams.extensions.sourcecontrol import CommitNotFound
+from streams.web.queries import fact_or_none
+
+if TYPE_CHECKING:  # the reads need no stage machinery, only its type
+    from streams.stages.deps import Deps
+
+SEARCH_LIMIT = 100  # green facts examined in each direction
+
+
+def names_a_uri(commit: str) -> bool:
+    """Whether ``commit`` is a commit URI rather than a sha or a prefix of one."""
+    return "://" in commit or commit.startswith("git+")
+
+
+async def resolve_commit(deps: Deps, queue: str, commit: str) -> str:
+    """The URI of ``commit`` (a URI, a full sha or a unique sha prefix) on ``queue``.
+    Raises UnknownQueue, ValueError (not a sha), CommitNotFound, AmbiguousCommit, or the
+    source control's error when the repository cannot be read."""
+    deps.queue_config(queue)
+    if names_a_uri(commit):
+        return commit
+    return await deps.extensions.source_control(queue).commit_uri(commit)
+
+
+@dataclass(frozen=True)
+class GreenAnswer:
+    queue: str
+    uri: str
+    committed_at: datetime | None  # None when the fact answered alone (green)
+    fact: ValidationFact | None  # None: never validated, which is never green
+    prior_green: ValidationFact | None  # the newest green ancestor (when not green)
+    next_green: ValidationFact | None  # the oldest green descendant (when not green)
+    searched: int  # green facts whose ancestry was examined
+    complete: bool  # False when SEARCH_LIMIT cut a search short
+
+    @property
+    def green(self) -> bool:
+        return self.fact is not None and self.fact.is_green
+
+
+async def green_answer(deps: Deps, queue: str, uri: str) -> GreenAnswer:
+    """Whether the commit ``uri`` is green on ``queue`` and, if not, its nearest green
+    commits. Raises UnknownQueue, and CommitNotFound when the commit is not green and the
+    repository does not have it."""
+    fact = await fact_or_none(deps.db, queue, uri)
+    if fact is not None and fact.is_green:  # the fact alone answers: no repository needed
+        return GreenAnswer(queue, uri, None, fact, None, None, 0, True)
+    source_control = deps.extensions.source_control(queue)
+    committed_at = await source_control.commit_time(uri)  # CommitNotFound: no such commit
+
+    own_seq = await _ingest_seq(deps, queue, uri, fact)
+    older = await deps.db.facts.green_older_than(queue, own_seq, SEARCH_LIMIT)
+    prior, looked_back, back_done = await _first_match(
+        older, lambda green: source_control.is_ancestor(green.uri, uri))
+    # a green descendant was ingested after the commit itself, or at least after its
+    # green ancestor
+    floor = own_seq if own_seq is not None else (
+        request_seq(prior.request_id) if prior is not None else 0)
+    newer = await deps.db.facts.green_newer_than(queue, floor, SEARCH_LIMIT)
+    following, looked_ahead, ahead_done = await _first_match(
+        newer, lambda green: source_control.is_ancestor(uri, green.uri))
+    return GreenAnswer(queue, uri, committed_at, fact, prior, following,
+                       looked_back + looked_ahead,
+                       (back_done or len(older) < SEARCH_LIMIT)
+                       and (ahead_done or len(newer) < SEARCH_LIMIT))
+
+
+async def _ingest_seq(deps: Deps, queue: str, uri: str,
+                      fact: ValidationFact | None) -> int | None:
+    """The ingest order of the Request that took ``uri`` (None: the commit was never a
+    head the queue ingested)."""
+    if fact is not None:
+        return request_seq(fact.request_id)
+    try:
+        return request_seq((await deps.db.request_uris.get(queue, uri)).request_id)
+    except NotFound:
+        return None
+
+
+async def _first_match(
+        candidates: Sequence[ValidationFact],
+        related: Callable[[ValidationFact], Awaitable[bool]],
+) -> tuple[ValidationFact | None, int, bool]:
+    """The first candidate ``related`` accepts, how many were examined, and whether the
+    search ended by finding one. A candidate whose commit left the repository (a rewrite
+    and a garbage collection) is passed over."""
+    for examined, candidate in enumerate(candidates, start=1):
+        try:
+            if await related(candidate):
+                return candidate, examined, True
+        except CommitNotFound:
+            continue
+    return None, len(candidates), False
