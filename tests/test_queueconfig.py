@@ -634,7 +634,8 @@ def test_webhook_secrets_come_from_the_variables_the_file_names(
     ({"bitbucket": {}}, "webhooks: unknown field 'bitbucket'"),
     ({"github": {}}, "webhooks.github: missing 'secret_env', e.g. "
                      "STOVEPIPE_GITHUB_WEBHOOK_SECRET"),
-    ({"gitlab": {"secret_env": "X"}}, "webhooks.gitlab: unknown field 'secret_env'"),
+    ({"gitlab": {"secret_env": "X"}}, "webhooks.gitlab: unknown field 'secret_env'; "
+                                      "expected one of ['token_env']"),
     ({"github": {"secret_env": "1ABC"}}, "webhooks.github.secret_env: expected the NAME of an "
                                           "environment variable"),
     ({"gitlab": {"token_env": 7}}, "webhooks.gitlab.token_env: expected the NAME"),
