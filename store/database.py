@@ -32,6 +32,7 @@ from store.queues import QueueStore
 from store.request_uris import RequestUriStore
 from store.requests import RequestStore
 from store.steps import StepStore
+from store.webhook_deliveries import WebhookDeliveryStore
 
 
 class Stores:
@@ -46,6 +47,7 @@ class Stores:
         self.counters = CounterStore(source)
         self.parked = ParkedStore(source)
         self.steps = StepStore(source)
+        self.webhook_deliveries = WebhookDeliveryStore(source)
 
 
 class _PoolSource:

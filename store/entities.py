@@ -205,3 +205,21 @@ class ParkedMessage:
     headers: tuple[tuple[str, bytes | None], ...]
     error: str
     parked_at: datetime
+
+
+class DeliveryState(StrEnum):
+    INGESTING = "ingesting"  # claimed: its claimant is ingesting it now
+    INGESTED = "ingested"
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookDelivery:
+    """A push webhook delivery, by its provider's delivery id: claimed while it is being
+    ingested, then the ids of the Requests its ingest found or minted."""
+
+    provider: str
+    delivery_id: str
+    state: DeliveryState
+    request_ids: tuple[str, ...]
+    received_at: datetime
+    ingested_at: datetime | None

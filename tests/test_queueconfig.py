@@ -30,6 +30,7 @@ from streams.config.queues import (
     queues_file,
     validate_queue_name,
 )
+from streams.config.webhooks import WebhooksConfig
 from streams.extensions.buildrunner.command import CommandBuildRunner, CommandBuildRunnerSpec
 from streams.extensions.buildrunner.fake import FakeBuildRunner, FakeBuildRunnerSpec
 from streams.extensions.sourcecontrol.fake import FakeRepo, FakeSourceControl, FakeSourceControlSpec
@@ -591,3 +592,126 @@ def test_limits_and_non_strings() -> None:
         validate_queue_name(None)
     with pytest.raises(InvalidQueueName, match=r"'bbbb*'\.\.\. \(500 chars\)"):
         validate_queue_name("b" * 500)
+
+
+# --- push webhooks: the webhooks section and which queues a push moves ----------------------
+
+
+def test_the_shipped_file_s_commented_webhooks_section_is_valid(tmp_path: Path) -> None:
+    lines = SHIPPED.read_text().splitlines()
+    start = lines.index("# webhooks:")
+    section = []
+    for line in lines[start:]:
+        if not line.startswith("# "):
+            break
+        section.append(line[2:])
+    doc = yaml.safe_load("\n".join(section))
+    config = load_queues(_write(tmp_path, {**doc, **_doc()}))
+    assert config.webhooks == WebhooksConfig(
+        github_secret_env="STOVEPIPE_GITHUB_WEBHOOK_SECRET",
+        gitlab_token_env="STOVEPIPE_GITLAB_WEBHOOK_TOKEN")
+    assert load_queues(SHIPPED).webhooks == WebhooksConfig()  # off until uncommented
+
+
+def test_webhook_secrets_come_from_the_variables_the_file_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = {"webhooks": {"github": {"secret_env": "HOOK_SECRET"}}, **_doc()}
+    webhooks = load_queues(_write(tmp_path, doc)).webhooks
+    assert (webhooks.secret_env("github"), webhooks.secret_env("gitlab")) == (
+        "HOOK_SECRET", None)
+    monkeypatch.delenv("HOOK_SECRET", raising=False)
+    assert webhooks.secret("github") is None
+    monkeypatch.setenv("HOOK_SECRET", "  ")
+    assert webhooks.secret("github") is None
+    monkeypatch.setenv("HOOK_SECRET", "s3cret")
+    assert webhooks.secret("github") == "s3cret"
+    assert webhooks.secret("gitlab") is None
+    assert "s3cret" not in repr(webhooks)
+
+
+@pytest.mark.parametrize(("webhooks", "expected"), [
+    ("x", "webhooks: expected a mapping, got str"),
+    ({"bitbucket": {}}, "webhooks: unknown field 'bitbucket'"),
+    ({"github": {}}, "webhooks.github: missing 'secret_env', e.g. "
+                     "STOVEPIPE_GITHUB_WEBHOOK_SECRET"),
+    ({"gitlab": {"secret_env": "X"}}, "webhooks.gitlab: unknown field 'secret_env'; "
+                                      "expected one of ['token_env']"),
+    ({"github": {"secret_env": "1ABC"}}, "webhooks.github.secret_env: expected the NAME of an "
+                                          "environment variable"),
+    ({"gitlab": {"token_env": 7}}, "webhooks.gitlab.token_env: expected the NAME"),
+])
+def test_each_webhooks_problem_is_reported(tmp_path: Path, webhooks: Any,
+                                           expected: str) -> None:
+    problems = _problems(tmp_path, {"webhooks": webhooks, **_doc()})
+    assert any(expected in p for p in problems), problems
+
+
+def test_a_secret_written_in_place_of_its_variable_is_not_repeated(tmp_path: Path) -> None:
+    secret = "hunter2 is my-secret"
+    problems = _problems(tmp_path, {"webhooks": {"github": {"secret_env": secret}},
+                                    **_doc()})
+    assert problems and all(secret not in p for p in problems), problems
+    assert "the secret itself belongs in that variable" in problems[0]
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("monorepo", "queues.q.webhook_repository: expected the repository's path as GitHub or "
+                 "GitLab names it"),
+    ("acme/", "queues.q.webhook_repository: expected"),
+    ("https://github.com/acme/monorepo", "queues.q.webhook_repository: expected"),
+    (3, "queues.q.webhook_repository: expected"),
+])
+def test_a_bad_webhook_repository_is_reported(tmp_path: Path, value: Any,
+                                              expected: str) -> None:
+    problems = _problems(tmp_path, _doc(webhook_repository=value))
+    assert any(expected in p for p in problems), problems
+
+
+def test_which_queues_a_push_moves(tmp_path: Path) -> None:
+    doc = {
+        "defaults": {"build_runner": FAKE_BR},
+        "queues": {
+            "ssh/main": {"source_control": {**GIT_SC, "repository":
+                                            "git@github.com:Acme/Monorepo.git"}},
+            "https/main": {"source_control": {**GIT_SC, "repository":
+                                              "https://tok@github.com/acme/monorepo.git"}},
+            "https/release": {"source_control": {**GIT_SC, "ref": "release",
+                                                 "repository":
+                                                 "https://github.com/acme/monorepo"}},
+            "mirror/main": {"source_control": {**GIT_SC, "repository": "/srv/mirror.git"},
+                            "webhook_repository": "acme/monorepo"},
+            "local/main": {"source_control": {**GIT_SC, "repository": "/srv/mirror.git"}},
+            "fake/main": {"source_control": FAKE_SC, "webhook_repository": "acme/monorepo"},
+            "fake/plain": {"source_control": FAKE_SC},
+            "renamed/main": {"source_control": {**GIT_SC, "repository":
+                                                "git@github.com:acme/old-name.git"},
+                             "webhook_repository": "acme/new-name"},
+            "gitlab/main": {"source_control": {**GIT_SC, "repository":
+                                               "ssh://git@gitlab.example.com:2222/group/"
+                                               "sub/project.git"}},
+        },
+    }
+    config = load_queues(_write(tmp_path, doc))
+    assert config.watching("acme/monorepo", "main") == (
+        "ssh/main", "https/main", "mirror/main", "fake/main")
+    assert config.watching("ACME/monorepo", "main") == config.watching("acme/monorepo", "main")
+    assert config.watching("acme/monorepo", "release") == ("https/release",)
+    assert config.watching("acme/monorepo", "Main") == ()  # branches are case-sensitive
+    assert config.watching("acme/monorepo", "feature") == ()
+    assert config.watching("acme/new-name", "main") == ("renamed/main",)
+    assert config.watching("acme/old-name", "main") == ()  # the override replaces the URL
+    assert config.watching("group/sub/project", "main") == ("gitlab/main",)
+    assert config.watching("sub/project", "main") == ()
+    assert config.get("local/main").hosted_repository() is None
+    assert config.get("fake/plain").hosted_repository() is None
+    assert config.get("https/main").hosted_repository() == "acme/monorepo"  # no token
+
+
+def test_a_webhook_repository_in_defaults_is_inherited(tmp_path: Path) -> None:
+    doc = _doc()
+    doc["defaults"] = {"webhook_repository": "acme/demo"}
+    doc["queues"]["own"] = {**doc["queues"]["q"], "webhook_repository": "acme/own"}
+    config = load_queues(_write(tmp_path, doc))
+    assert config.get("q").webhook_repository == "acme/demo"
+    assert config.watching("acme/demo", "main") == ("q",)
+    assert config.watching("acme/own", "main") == ("own",)

@@ -12,6 +12,10 @@ kinds the extension registries declare (`streams.extensions.sourcecontrol.Source
 ``defaults`` over the built-in defaults, field by field (an extension spec is replaced
 whole, never merged key by key).
 
+The top-level ``webhooks`` section (which push webhooks are accepted, and the variables
+holding their secrets) is `streams.config.webhooks`; `QueuesConfig.watching` says which
+queues a push moves.
+
 Durations are `timedelta`s. Relative paths are resolved against the directory of the YAML
 file, so a configuration means the same from any working directory.
 """
@@ -35,6 +39,7 @@ from streams.config.names import (
     UnknownQueue,
     validate_queue_name,
 )
+from streams.config.webhooks import HostedPath, WebhooksConfig, load_webhooks
 from streams.extensions import ExtensionContext
 from streams.extensions.buildrunner import BuildRunner, BuildRunnerSpec
 from streams.extensions.sourcecontrol import SourceControl, SourceControlSpec
@@ -58,12 +63,20 @@ class QueueConfig:
     poll_delay_queued: timedelta = timedelta(seconds=5)  # between polls of a queued build
     poll_delay_running: timedelta = timedelta(seconds=2)  # between polls of a running one
     poll_deadline: timedelta = timedelta(hours=1)  # then cancelled and counted failed
+    webhook_repository: str | None = None  # what push webhooks name its repository by
+
+    def hosted_repository(self) -> str | None:
+        """The repository's path as push webhooks name it (``acme/monorepo``): the
+        queue's ``webhook_repository``, else the path in its git repository's URL; None
+        when it has neither (a local path, the fake kind)."""
+        return self.webhook_repository or self.source_control.hosted_repository()
 
 
 @dataclass(frozen=True)
 class QueuesConfig:
     path: Path
     queues: Mapping[str, QueueConfig]
+    webhooks: WebhooksConfig = dataclasses.field(default_factory=WebhooksConfig)
 
     def get(self, name: str) -> QueueConfig:
         """Raises UnknownQueue naming the queue and the file."""
@@ -76,9 +89,18 @@ class QueuesConfig:
         """The queue names, in file order."""
         return tuple(self.queues)
 
+    def watching(self, repository: str, branch: str) -> tuple[str, ...]:
+        """The queues a push to ``branch`` of ``repository`` (a hosted path such as
+        ``acme/monorepo``, compared without regard to case, as GitHub and GitLab do) moves:
+        those validating that branch of that repository, in file order."""
+        wanted = repository.casefold()
+        return tuple(name for name, queue in self.queues.items()
+                     if queue.source_control.ref == branch
+                     and (queue.hosted_repository() or "").casefold() == wanted)
+
 
 _KNOBS = ("max_concurrent", "gate_delay", "poll_delay_queued", "poll_delay_running",
-          "poll_deadline")
+          "poll_deadline", "webhook_repository")
 _EXTENSIONS = {
     "source_control": "{kind: fake, path: repo.json, repo: demo, ref: main}",
     "build_runner": "{kind: fake}",
@@ -99,6 +121,7 @@ class QueueFields(Section):
     poll_delay_queued: Duration | None = None
     poll_delay_running: Duration | None = None
     poll_deadline: Duration | None = None
+    webhook_repository: HostedPath | None = None
     source_control: Annotated[
         SourceControlSpec,
         Field(discriminator="kind"),
@@ -124,6 +147,7 @@ class QueueFields(Section):
 class _TopLevel(Section):
     defaults: Any = None
     queues: Any = None
+    webhooks: Any = None  # validated by streams.config.webhooks
 
 
 # --- extensions -------------------------------------------------------------------------
@@ -182,7 +206,7 @@ def load_queues(path: Path | str | None = None) -> QueuesConfig:
     raw = read_yaml(file, QueueConfigError)
     if not isinstance(raw, dict):
         raise QueueConfigError(file, ["expected a mapping with 'queues' (and optionally "
-                                      "'defaults')"])
+                                      "'defaults' and 'webhooks')"])
     problems = Problems()
     context = {"base_dir": file.resolve().parent}
     try:
@@ -191,6 +215,7 @@ def load_queues(path: Path | str | None = None) -> QueuesConfig:
         problems.add_validation_error(exc, _TopLevel)
 
     defaults = _section(raw.get("defaults"), "defaults", problems, context)
+    webhooks = load_webhooks(raw.get("webhooks"), problems)
     queues_raw = raw.get("queues")
     if queues_raw is not None and not isinstance(queues_raw, dict):
         problems.add("queues", f"expected a mapping, got {type(queues_raw).__name__}")
@@ -214,7 +239,7 @@ def load_queues(path: Path | str | None = None) -> QueuesConfig:
 
     if problems.items:
         raise QueueConfigError(file, problems.items)
-    return QueuesConfig(path=file, queues=MappingProxyType(queues))
+    return QueuesConfig(path=file, queues=MappingProxyType(queues), webhooks=webhooks)
 
 
 def _section(raw: Any, where: str, problems: Problems,

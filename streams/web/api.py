@@ -12,6 +12,8 @@
     GET  /api/facts?queue=Q&sha=S        is this commit green? (no fact: not green); the
                                          commit by full sha, unique prefix, or uri=U
     GET  /api/dlq                        dead letters waiting for their reconcilers
+    POST /webhooks/github                a GitHub push webhook (streams/web/webhooks.py)
+    POST /webhooks/gitlab                a GitLab push webhook
     GET  /health                         200 when started and the database answers
     GET  /  and  /dashboard              the dashboard page (streams/dashboard/)
 
@@ -19,10 +21,13 @@ Queue names and request ids contain '/'. Both may be written as they are or URL-
 (`/api/queues/team%2Fmain`); a queue whose name itself ends in `/requests`, `/green` or
 `/ingest` can only be named encoded.
 
+The webhooks are authenticated by their provider's signature or token, never by the
+bearer token (their answers are listed in streams/web/webhooks.py).
+
 Every error is JSON `{"error": message}`, never a traceback: 400 malformed input, 401
 missing or wrong bearer token (POST only, and only when a token is configured), 404
-unknown queue, request, commit or endpoint, 422 the queue's repository or ref does not exist, 502
-a dependency refused for good, 503 the worker is starting or a dependency (database,
+unknown queue, request, commit or endpoint, 422 the queue's repository or ref does not
+exist, 502 a dependency refused for good, 503 the worker is starting or a dependency (database,
 Kafka, repository) is unavailable or too slow, 500 anything else (logged by the worker).
 """
 
@@ -56,6 +61,8 @@ from streams.runtime.worker import RuntimeService
 from streams.stages.deps import Deps
 from streams.stages.ingest import ingest_head
 from streams.web import gate, queries
+from streams.web.errors import ApiError
+from streams.web.webhooks import Webhooks
 
 log = logging.getLogger("stovepipe.http")
 
@@ -71,15 +78,6 @@ DASHBOARD_ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/cs
 DASHBOARD_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; "
                  "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
                  "form-action 'none'; frame-ancestors 'none'")
-
-
-class ApiError(Exception):
-    """An answer other than success, with its status and a message for the caller."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 def faust_settings() -> dict[str, Any]:
@@ -119,7 +117,9 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 def error_response(exc: Exception) -> web.Response:
     """The one translation of a failure into an HTTP answer."""
     if isinstance(exc, ApiError):
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        headers = exc.headers
+        if headers is None and exc.status == 401:
+            headers = {"WWW-Authenticate": "Bearer"}
         return _error(exc.status, exc.message, headers)
     if isinstance(exc, InvalidQueueName):
         return _error(400, str(exc))
@@ -175,7 +175,7 @@ async def json_errors(request: web.Request,
 
 
 def _is_api(path: str) -> bool:
-    return path.startswith("/api/") or path in ("/api", "/health")
+    return path.startswith(("/api/", "/webhooks/")) or path in ("/api", "/health")
 
 
 # --- the API ----------------------------------------------------------------------------
@@ -189,6 +189,7 @@ class Api:
         self.runtime = runtime
         self.api_token = api_token or None
         self.dead_letters = dead_letters
+        self.webhooks = Webhooks(self._delivery)
         self._assets: dict[str, bytes] = {}
 
     def _delivery(self) -> Delivery[Deps]:
@@ -216,6 +217,12 @@ class Api:
                  done.new)
         return _json({"queue": done.queue, "request_id": done.request_id, "new": done.new},
                      status=201 if done.new else 200)
+
+    async def github_webhook(self, request: web.Request) -> web.Response:
+        return await self.webhooks.github(request)  # signed, so no bearer token
+
+    async def gitlab_webhook(self, request: web.Request) -> web.Response:
+        return await self.webhooks.gitlab(request)  # its secret token, no bearer token
 
     async def queues(self, request: web.Request) -> web.Response:
         deps = self._delivery().deps
@@ -382,6 +389,8 @@ _ROUTES: tuple[tuple[str, str, str], ...] = (
     ("get", "/api/requests/{request_id:.+}", "request"),
     ("get", "/api/facts", "fact"),
     ("get", "/api/dlq", "dlq"),
+    ("post", "/webhooks/github", "github_webhook"),
+    ("post", "/webhooks/gitlab", "gitlab_webhook"),
     ("get", "/health", "health"),
     ("get", "/", "dashboard"),
     ("get", "/dashboard", "dashboard"),

@@ -218,6 +218,9 @@ class FakeSourceControlSpec:
     def shared_git_cache(self, home: Path) -> Path:
         return home / "git"
 
+    def hosted_repository(self) -> str | None:
+        return None  # hosted nowhere: a queue maps webhooks to it by webhook_repository
+
     def build(self, context: ExtensionContext) -> FakeSourceControl:
         latency = {str(call): delay.total_seconds()
                    for call, delay in (self.latency or {}).items()}

@@ -37,6 +37,7 @@ from streams.extensions.sourcecontrol.gituri import (
     check_branch_name,
     git_uri,
     parse_uri,
+    repository_path,
 )
 from streams.schema.fields import SPEC, ConfigPath, Flag
 
@@ -68,6 +69,10 @@ class GitSourceControlSpec:
 
     def shared_git_cache(self, home: Path) -> Path:
         return self.cache_dir or home / "git"  # one cache per remote, fetched once
+
+    def hosted_repository(self) -> str | None:
+        # what a push webhook names the repository by (GitHub's full_name); none locally
+        return repository_path(self.repository)
 
     def build(self, context: ExtensionContext) -> GitSourceControl:
         return GitSourceControl(self.repository, self.ref, self.promotion_ref, push=self.push,

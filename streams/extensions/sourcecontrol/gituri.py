@@ -56,6 +56,25 @@ def repository_identity(repository: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
 
 
+def repository_path(repository: str) -> str | None:
+    """The repository's path on its host, without host, credentials or ``.git``: what
+    GitHub calls ``full_name`` and GitLab ``path_with_namespace``
+    (``git@github.com:acme/monorepo.git`` and ``https://token@github.com/acme/monorepo``
+    both give ``acme/monorepo``). None for a local path or a ``file:`` URL, which name no
+    hosted repository."""
+    if _URL.match(repository):
+        parts = urlsplit(repository)
+        if parts.scheme.lower() == "file":
+            return None
+        path = parts.path
+    elif is_remote_url(repository):  # scp-like: host:path, or user@host:path
+        path = repository.split(":", 1)[1]
+    else:
+        return None
+    path = path.strip("/").removesuffix(".git").strip("/")
+    return path or None
+
+
 def redact(text: str) -> str:
     """``text`` (git's own messages) with the credentials of any URL in it removed."""
     return _URL_QUERY.sub(r"\1", _URL_USERINFO.sub(r"\1", text))

@@ -1,0 +1,277 @@
+"""Push webhooks: ``POST /webhooks/github`` and ``POST /webhooks/gitlab`` (design §9).
+
+A verified push to a branch ingests every queue validating that branch of that repository
+(`QueuesConfig.watching`), exactly as ``POST /api/queues/{queue}/ingest`` does: the head
+is resolved from the repository itself, so deliveries arriving late or out of order
+cannot move a queue backwards. A delivery is ingested once by its provider's delivery id:
+the same delivery again (a retry, a redelivery, two at once) ingests nothing more.
+
+The answers, each JSON:
+
+- 503 the worker is starting, or the provider's secret is not configured (queues.yaml
+  ``webhooks``) or its environment variable is unset: nothing is accepted unverified;
+- 413 a body over `MAX_BODY` bytes; 401 a missing or wrong signature (GitHub) or token
+  (GitLab); 400 an unreadable delivery — in each case nothing is ingested;
+- 200 a ping (GitHub), or a delivery already ingested (``already_ingested: true`` with
+  the Requests it found or minted);
+- 202 a verified delivery that asks nothing: another event, a tag, a deleted branch, or
+  a branch no queue watches (``ignored`` says which);
+- 201 ingested with at least one new Request, 200 ingested finding each head's existing
+  Request (``ingested``: queue, request_id, new);
+- what ``POST /api/queues/{queue}/ingest`` answers when an ingest fails (503 the broker,
+  the database or the repository is unavailable, 422 the ref does not exist, ...): the
+  delivery is then not marked ingested, so the provider's retry ingests it.
+
+Neither the secret nor the signature or token sent appears in an answer or a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+from prometheus_client import Counter
+
+from store import DeliveryState, WebhookDelivery, parse_request_id
+from streams.config.webhooks import Provider
+from streams.runtime.logs import bounded
+from streams.runtime.stage import Delivery
+from streams.stages.deps import Deps
+from streams.stages.ingest import Ingested, ingest_head
+from streams.web.errors import ApiError
+from streams.web.pushes import (
+    BadPayload,
+    Event,
+    Ignored,
+    Ping,
+    Push,
+    delivery_id,
+    github_event,
+    github_signature_matches,
+    gitlab_event,
+    gitlab_token_matches,
+)
+
+log = logging.getLogger("stovepipe.webhooks")
+T = TypeVar("T")
+
+MAX_BODY = 5 * 1024 * 1024  # GitHub caps payloads at 25 MB; a push's is far smaller
+INGEST_DEADLINE = 15.0  # seconds to ingest every queue a push moves (then 503)
+CLAIM_WAIT = 15.0  # how long a delivery waits while another with its id is ingesting
+CLAIM_POLL = 0.1
+STALE_CLAIM = 60.0  # a claim older than this outlived its claimant's deadline: it died
+KEEP_DELIVERIES = 7 * 24 * 3600.0  # seconds a delivery id is remembered
+
+DELIVERIES = Counter(
+    "stovepipe_webhook_deliveries_total",
+    "Push webhook deliveries, by provider and what became of them.",
+    ["provider", "outcome"],
+)
+
+
+class Webhooks:
+    """The two endpoints. ``pipeline`` returns the worker's delivery (its deps and its
+    publisher) or raises a 503 ApiError while the worker is starting."""
+
+    def __init__(self, pipeline: Callable[[], Delivery[Deps]]) -> None:
+        self.pipeline = pipeline
+
+    async def github(self, request: web.Request) -> web.Response:
+        pipeline = self.pipeline()
+        secret = self._secret(pipeline.deps, "github")
+        body = await _read_body(request, "github")
+        signature = request.headers.get("X-Hub-Signature-256")
+        delivery = request.headers.get("X-GitHub-Delivery")
+        if not signature:
+            self._reject("github", delivery, "no signature")
+            raise _unauthorized("missing the X-Hub-Signature-256 header: give the webhook "
+                                "a secret in GitHub (the value of the environment variable "
+                                "queues.yaml names)")
+        if not github_signature_matches(secret, body, signature):
+            self._reject("github", delivery, "wrong signature")
+            raise _unauthorized("X-Hub-Signature-256 does not match the body signed with the "
+                                "configured secret")
+        event = _read(lambda: github_event(request.headers.get("X-GitHub-Event", ""),
+                                           request.headers.get("Content-Type", ""), body),
+                      "github")
+        return await self._act(pipeline, "github", _read(
+            lambda: delivery_id(delivery, body), "github"), event)
+
+    async def gitlab(self, request: web.Request) -> web.Response:
+        pipeline = self.pipeline()
+        secret = self._secret(pipeline.deps, "gitlab")
+        body = await _read_body(request, "gitlab")
+        token = request.headers.get("X-Gitlab-Token")
+        delivery = (request.headers.get("Idempotency-Key")
+                    or request.headers.get("X-Gitlab-Event-UUID"))
+        if not token:
+            self._reject("gitlab", delivery, "no token")
+            raise _unauthorized("missing the X-Gitlab-Token header: give the webhook a "
+                                "secret token in GitLab (the value of the environment "
+                                "variable queues.yaml names)")
+        if not gitlab_token_matches(secret, token):
+            self._reject("gitlab", delivery, "wrong token")
+            raise _unauthorized("X-Gitlab-Token is not the configured secret token")
+        event = _read(lambda: gitlab_event(request.headers.get("X-Gitlab-Event", ""), body),
+                      "gitlab")
+        return await self._act(pipeline, "gitlab", _read(
+            lambda: delivery_id(delivery, body), "gitlab"), event)
+
+    # -- the steps shared by both providers ------------------------------------------------
+
+    def _secret(self, deps: Deps, provider: Provider) -> str:
+        config = deps.queues.webhooks
+        name = config.secret_env(provider)
+        secret = config.secret(provider)
+        if secret is None:
+            DELIVERIES.labels(provider=provider, outcome="unconfigured").inc()
+            what = "secret" if provider == "github" else "secret token"
+            field = "secret_env" if provider == "github" else "token_env"
+            raise ApiError(503, f"the {provider} webhook is not set up on this worker: "
+                                + (f"its {what} variable {name} is unset or empty"
+                                   if name else
+                                   f"queues.yaml has no webhooks.{provider}.{field}")
+                                + "; nothing is accepted unverified")
+        return secret
+
+    def _reject(self, provider: Provider, delivery: str | None, reason: str) -> None:
+        DELIVERIES.labels(provider=provider, outcome="rejected").inc()
+        log.warning("webhook_rejected provider=%s delivery=%s reason=%s", provider,
+                    bounded(delivery or "-", 80), reason)
+
+    async def _act(self, pipeline: Delivery[Deps], provider: Provider, delivery: str,
+                   event: Event) -> web.Response:
+        answer: dict[str, Any] = {"provider": provider, "delivery": delivery}
+        if isinstance(event, Ping):
+            DELIVERIES.labels(provider=provider, outcome="ping").inc()
+            log.info("webhook_ping provider=%s delivery=%s", provider, bounded(delivery))
+            return _answer(200, {**answer, "ping": "pong: the signature matches; pushes to "
+                                                   "watched branches will be ingested"})
+        if isinstance(event, Ignored):
+            return self._ignored(provider, answer, event.reason)
+        queues = pipeline.deps.queues.watching(event.repository, event.branch)
+        answer.update(repository=event.repository, branch=event.branch)
+        if not queues:
+            return self._ignored(provider, answer,
+                                 f"no queue watches branch {bounded(event.branch, 120)!r} of "
+                                 f"{bounded(event.repository, 120)}")
+        claim = str(uuid.uuid4())
+        done = await _claim(pipeline.deps, provider, delivery, claim)
+        if done is not None:
+            DELIVERIES.labels(provider=provider, outcome="duplicate").inc()
+            log.info("webhook_duplicate provider=%s delivery=%s request_ids=%s", provider,
+                     bounded(delivery), ",".join(done.request_ids))
+            return _answer(200, {**answer, "already_ingested": True, "ingested": [
+                {"queue": parse_request_id(r)[0], "request_id": r} for r in done.request_ids]})
+        ingested = await _ingest(pipeline, provider, delivery, claim, event, queues)
+        DELIVERIES.labels(provider=provider, outcome="ingested").inc()
+        log.info("webhook_ingested provider=%s delivery=%s repository=%s branch=%s "
+                 "after=%s request_ids=%s", provider, bounded(delivery),
+                 bounded(event.repository), bounded(event.branch), bounded(event.after),
+                 ",".join(i.request_id for i in ingested))
+        return _answer(201 if any(i.new for i in ingested) else 200, {
+            **answer, "already_ingested": False, "ingested": [
+                {"queue": i.queue, "request_id": i.request_id, "new": i.new}
+                for i in ingested]})
+
+    def _ignored(self, provider: Provider, answer: dict[str, Any],
+                 reason: str) -> web.Response:
+        DELIVERIES.labels(provider=provider, outcome="ignored").inc()
+        log.info("webhook_ignored provider=%s delivery=%s reason=%s", provider,
+                 bounded(answer["delivery"]), reason)
+        return _answer(202, {**answer, "ignored": reason})
+
+
+async def _claim(deps: Deps, provider: Provider, delivery: str,
+                 claim: str) -> WebhookDelivery | None:
+    """None once ``claim`` holds the delivery; the delivery when it is already ingested.
+    While another claimant is ingesting it, waits for that one to finish (ingested) or
+    fail (released: claim it then), up to `CLAIM_WAIT`."""
+    store = deps.db.webhook_deliveries
+    deadline = time.monotonic() + CLAIM_WAIT
+    while True:
+        if await store.claim(provider, delivery, claim, stale_after=STALE_CLAIM,
+                             keep=KEEP_DELIVERIES):
+            return None
+        found = await store.get(provider, delivery)
+        if found is not None and found.state is DeliveryState.INGESTED:
+            return found
+        # ingesting elsewhere, or released between the two statements: look again
+        if time.monotonic() > deadline:
+            raise ApiError(503, "another delivery with this id is being ingested right now; "
+                                "try again shortly")
+        await asyncio.sleep(CLAIM_POLL)
+
+
+async def _ingest(pipeline: Delivery[Deps], provider: Provider, delivery: str, claim: str,
+                  push: Push, queues: tuple[str, ...]) -> list[Ingested]:
+    """Ingest ``queues`` and mark the delivery ingested; on any failure release the claim
+    (so the provider's retry ingests it) and raise."""
+    store = pipeline.deps.db.webhook_deliveries
+    try:
+        async with asyncio.timeout(INGEST_DEADLINE):
+            ingested = [await ingest_head(pipeline.deps, queue, pipeline.publish)
+                        for queue in queues]
+            # every Request is accepted and published: from here a retry must not
+            # ingest again, and if this mark is lost the claim goes stale and a retry
+            # re-ingests, which finds the same Requests unless the branch moved since
+            if not await store.complete(provider, delivery, claim,
+                                        [i.request_id for i in ingested]):
+                log.warning("webhook_claim_lost provider=%s delivery=%s", provider,
+                            bounded(delivery))  # taken over as stale: cannot happen in time
+    except BaseException as exc:
+        DELIVERIES.labels(provider=provider, outcome="failed").inc()
+        log.warning("webhook_ingest_failed provider=%s delivery=%s queues=%s error=%s",
+                    provider, bounded(delivery), ",".join(queues),
+                    bounded(f"{type(exc).__name__}: {exc}", 300))
+        await asyncio.shield(_release(pipeline.deps, provider, delivery, claim))
+        raise
+    return ingested
+
+
+async def _release(deps: Deps, provider: Provider, delivery: str, claim: str) -> None:
+    try:
+        await deps.db.webhook_deliveries.release(provider, delivery, claim)
+    except Exception as exc:  # noqa: BLE001 - the claim then goes stale and is taken over
+        log.warning("webhook_release_failed provider=%s delivery=%s error=%s", provider,
+                    bounded(delivery), bounded(exc, 300))
+
+
+async def _read_body(request: web.Request, provider: Provider) -> bytes:
+    """The raw body (the signature covers its exact bytes); 413 past `MAX_BODY`."""
+    too_large = ApiError(413, f"the body is larger than {MAX_BODY} bytes")
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        DELIVERIES.labels(provider=provider, outcome="invalid").inc()
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > MAX_BODY:
+            DELIVERIES.labels(provider=provider, outcome="invalid").inc()
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _read(read: Callable[[], T], provider: Provider) -> T:
+    try:
+        return read()
+    except BadPayload as exc:
+        DELIVERIES.labels(provider=provider, outcome="invalid").inc()
+        raise ApiError(400, str(exc)) from None
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, headers={})  # no bearer challenge: the body is signed
+
+
+def _answer(status: int, body: dict[str, Any]) -> web.Response:
+    return web.json_response(body, status=status,
+                             dumps=lambda value: json.dumps(value, sort_keys=True))

@@ -1,0 +1,317 @@
+"""Push webhooks over real HTTP: a real `stovepipe worker` process on the real broker and
+database, deliveries shaped as GitHub and GitLab send them (signed or carrying their
+token), urllib as the provider."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+import yaml
+
+from tests.test_http_api import TOKEN, Reply, WebPipeline, assert_error
+
+pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
+
+GITHUB_SECRET = "gh-hook-s3cret-7d41f0"
+GITLAB_TOKEN = "gl-hook-t0ken-2b9e55"
+GITHUB_ENV = "STOVEPIPE_GITHUB_WEBHOOK_SECRET"
+GITLAB_ENV = "STOVEPIPE_GITLAB_WEBHOOK_TOKEN"
+UNSET_ENV = "STOVEPIPE_TEST_WEBHOOK_SECRET_NEVER_SET"
+SHA = "9" * 40
+
+
+class HookPipeline(WebPipeline):
+    """A WebPipeline with a `webhooks` section, that keeps every webhook answer."""
+
+    webhooks: dict[str, Any]
+    replies: list[Reply]
+
+    def configure_webhooks(self, webhooks: dict[str, Any]) -> None:
+        self.webhooks = webhooks
+        self.queues_file.write_text(yaml.safe_dump({"webhooks": webhooks,
+                                                    "queues": self.queues}))
+
+    def send(self, path: str, body: bytes | Iterable[bytes],
+             headers: dict[str, str]) -> Reply:
+        request = urllib.request.Request(self.url(path), data=body, method="POST",
+                                         headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                status, raw, got = response.status, response.read(), response.headers
+        except urllib.error.HTTPError as err:
+            status, raw, got = err.code, err.read(), err.headers
+        text = raw.decode()
+        reply = Reply(status, json.loads(text) if "json" in got.get("Content-Type", "")
+                      else None, dict(got), text)
+        self.replies.append(reply)
+        return reply
+
+    def github(self, payload: Any, *, event: str = "push", delivery: str | None = None,
+               secret: str | None = GITHUB_SECRET, signature: str | None = None,
+               body: bytes | None = None, form: bool = False) -> Reply:
+        if body is None:
+            text = json.dumps(payload)
+            body = urlencode({"payload": text}).encode() if form else text.encode()
+        headers = {"Content-Type": "application/x-www-form-urlencoded" if form
+                   else "application/json", "X-GitHub-Event": event,
+                   "X-GitHub-Delivery": delivery or str(uuid.uuid4())}
+        if signature is None and secret is not None:
+            signature = sign(secret, body)
+        if signature is not None:
+            headers["X-Hub-Signature-256"] = signature
+        return self.send("/webhooks/github", body, headers)
+
+    def gitlab(self, payload: Any, *, event: str = "Push Hook", token: str | None =
+               GITLAB_TOKEN, **ids: str) -> Reply:
+        """``ids``: idempotency_key and/or event_uuid headers (none: GitLab < 17.4)."""
+        headers = {"Content-Type": "application/json", "X-Gitlab-Event": event}
+        if token is not None:
+            headers["X-Gitlab-Token"] = token
+        if "idempotency_key" in ids:
+            headers["Idempotency-Key"] = ids["idempotency_key"]
+        if "event_uuid" in ids:
+            headers["X-Gitlab-Event-UUID"] = ids["event_uuid"]
+        return self.send("/webhooks/gitlab", json.dumps(payload).encode(), headers)
+
+    def assert_secrets_never_shown(self) -> None:
+        logs = self.full_logs()
+        for secret in (GITHUB_SECRET, GITLAB_TOKEN):
+            assert secret not in logs
+            for reply in self.replies:
+                assert secret not in reply.text, reply.text
+                assert all(secret not in v for v in reply.headers.values())
+
+
+def sign(secret: str, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def github_push(branch: str = "main", repository: str = "acme/monorepo",
+                **extra: Any) -> dict[str, Any]:
+    ref = branch if branch.startswith("refs/") else f"refs/heads/{branch}"
+    return {"ref": ref, "before": "0" * 40, "after": SHA, "created": False,
+            "deleted": False, "forced": False, "commits": [],
+            "repository": {"full_name": repository, "name": repository.split("/")[-1]},
+            **extra}
+
+
+def gitlab_push(branch: str = "main", project: str = "group/sub/project",
+                after: str = SHA, **extra: Any) -> dict[str, Any]:
+    return {"object_kind": "push", "event_name": "push", "ref": f"refs/heads/{branch}",
+            "before": "0" * 40, "after": after, "checkout_sha": after,
+            "project": {"path_with_namespace": project}, "commits": [], **extra}
+
+
+def assert_ignored(reply: Reply, *fragments: str) -> None:
+    assert reply.status == 202, (reply.status, reply.text)
+    for fragment in fragments:
+        assert fragment in reply.body["ignored"], reply.body
+
+
+def webhook_counts(p: HookPipeline) -> dict[tuple[str, str], float]:
+    counts = {}
+    for labels, value in re.findall(r"^stovepipe_webhook_deliveries_total\{(.*)\} (\S+)$",
+                                    p.get("/metrics").text, re.MULTILINE):
+        named = dict(re.findall(r'(\w+)="(\w*)"', labels))
+        counts[(named["provider"], named["outcome"])] = float(value)
+    return counts
+
+
+@pytest.fixture
+def web(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
+        tmp_path: Path) -> Iterator[HookPipeline]:
+    p = HookPipeline(bootstrap=kafka_bootstrap, dsn=migrated_dsn, prefix=topic_prefix,
+                     root=tmp_path)
+    p.replies = []
+    try:
+        yield p
+    finally:
+        p.stop_workers()
+
+
+def test_a_signed_github_push_ingests_every_queue_watching_its_branch(
+        web: HookPipeline) -> None:
+    web.add_queue("team/main", ref="main", webhook_repository="Acme/Monorepo")
+    web.add_queue("team/lint", ref="main", webhook_repository="acme/monorepo")
+    web.add_queue("team/develop", ref="develop", webhook_repository="acme/monorepo")
+    web.add_queue("else/main", ref="main", webhook_repository="acme/elsewhere")
+    web.configure_webhooks({"github": {"secret_env": GITHUB_ENV}})
+    web.repo.push("develop", "d1")
+    web.start_web_worker(env={GITHUB_ENV: GITHUB_SECRET, "STOVEPIPE_API_TOKEN": TOKEN})
+    web.wait_healthy()
+
+    ping = web.github({"zen": "Design for failure.", "hook_id": 1}, event="ping",
+                      delivery="ping-1")
+    assert (ping.status, ping.body["delivery"]) == (200, "ping-1")
+    assert ping.body["ping"].startswith("pong")
+
+    # a push the worker cannot ingest yet (the ref is missing here): an error, nothing
+    # remembered, so the provider's redelivery of the same delivery ingests it
+    assert_error(web.github(github_push(), delivery="d-1"), 422, "has no ref")
+    assert web.states() == {}
+    web.repo.push("main", "a1")
+    first = web.github(github_push(), delivery="d-1")  # no bearer token: signed instead
+    assert first.status == 201, first.text
+    assert first.body == {  # the queues in file order (yaml.safe_dump sorts them)
+        "provider": "github", "delivery": "d-1", "repository": "acme/monorepo",
+        "branch": "main", "already_ingested": False, "ingested": [
+            {"queue": "team/lint", "request_id": "request/team/lint/1", "new": True},
+            {"queue": "team/main", "request_id": "request/team/main/1", "new": True}]}
+    web.wait_quiet()
+    assert web.states() == {"request/team/main/1": "succeeded",
+                            "request/team/lint/1": "succeeded"}
+
+    # the branch moves; the old delivery sent again is already ingested: nothing new
+    web.repo.push("main", "b2-fail")
+    replay = web.github(github_push(), delivery="d-1")
+    assert replay.status == 200, replay.text
+    assert replay.body["already_ingested"] is True
+    assert replay.body["ingested"] == [
+        {"queue": "team/lint", "request_id": "request/team/lint/1"},
+        {"queue": "team/main", "request_id": "request/team/main/1"}]
+    assert sorted(web.states()) == ["request/team/lint/1", "request/team/main/1"]
+
+    # what must ingest nothing while main's new head waits to be ingested
+    nothing = web.states()
+    unsigned = web.github(github_push(), secret=None)
+    assert_error(unsigned, 401, "missing the X-Hub-Signature-256 header")
+    assert "WWW-Authenticate" not in unsigned.headers
+    assert_error(web.github(github_push(), secret="wrong"), 401, "does not match")
+    assert_error(web.github(github_push(), signature=sign(GITHUB_SECRET, b"{}")), 401,
+                 "does not match")
+    assert_error(web.github(github_push(), signature="sha256=" + "0" * 64), 401)
+    sha1 = "sha1=" + hmac.new(GITHUB_SECRET.encode(), b"", hashlib.sha1).hexdigest()
+    assert_error(web.github(github_push(), secret=None, signature=sha1), 401)
+    assert_ignored(web.github(github_push(), event="issues"), "event 'issues' is not a push")
+    assert_ignored(web.github(github_push("refs/tags/v1.0")), "refs/tags/v1.0 is not a branch")
+    assert_ignored(web.github(github_push(deleted=True)), "branch 'main' was deleted")
+    assert_ignored(web.github(github_push("feature")),
+                   "no queue watches branch 'feature' of acme/monorepo")
+    assert_ignored(web.github(github_push(repository="acme/other")), "acme/other")
+    assert_error(web.github(None, body=b"{not json"), 400, "the body is not JSON")
+    assert_error(web.github(None, body=b"[]"), 400, "not an object")
+    assert_error(web.github({"ref": "refs/heads/main"}), 400, "no 'repository' object")
+    assert_error(web.github(github_push(), event=""), 400, "missing the X-GitHub-Event")
+    assert_error(web.github(github_push(), delivery="has space"), 400, "delivery id")
+    big = b" " * (5 * 1024 * 1024 + 1)
+    assert_error(web.github(None, body=big), 413, "larger than 5242880 bytes")
+    assert_error(web.send("/webhooks/github", iter([big[:4096]] * 1281), {
+        "Content-Type": "application/json", "X-GitHub-Event": "push"}), 413)
+    assert_error(web.call("GET", "/webhooks/github"), 405)
+    assert_error(web.post("/api/queues/team/main/ingest", token=None), 401)  # API: token
+    assert web.states() == nothing
+
+    # the push of the new head is a delivery of its own (form-encoded this time)
+    moved = web.github(github_push(), delivery="d-2", form=True)
+    assert moved.status == 201, moved.text
+    assert [i["request_id"] for i in moved.body["ingested"]] == [
+        "request/team/lint/2", "request/team/main/2"]
+    web.wait_quiet()
+    assert web.states() == {**nothing, "request/team/main/2": "failed",
+                            "request/team/lint/2": "failed"}
+    # the same head pushed again (a new delivery): its existing Requests, nothing new
+    same = web.github(github_push(), delivery="d-3")
+    assert (same.status, [i["new"] for i in same.body["ingested"]]) == (200, [False, False])
+    assert web.exact_outcome_problems() == []
+
+    counts = webhook_counts(web)
+    assert counts[("github", "ingested")] == 3
+    assert counts[("github", "duplicate")] == 1
+    assert counts[("github", "rejected")] == 5
+    assert counts[("github", "ping")] == 1
+    web.assert_secrets_never_shown()
+
+
+def test_gitlab_push_hooks_by_token_and_github_not_set_up(web: HookPipeline) -> None:
+    web.add_queue("group/main", ref="main", webhook_repository="group/sub/project")
+    web.configure_webhooks({"gitlab": {"token_env": GITLAB_ENV}})
+    web.repo.push("main", "a1")
+    web.start_web_worker(env={GITLAB_ENV: GITLAB_TOKEN, GITHUB_ENV: GITHUB_SECRET})
+    web.wait_healthy()
+
+    # GitHub is not in queues.yaml: even a correctly signed push is refused
+    assert_error(web.github(github_push(repository="group/sub/project")), 503,
+                 "queues.yaml has no webhooks.github.secret_env",
+                 "nothing is accepted unverified")
+    assert_error(web.gitlab(gitlab_push(), token=None), 401, "missing the X-Gitlab-Token")
+    assert_error(web.gitlab(gitlab_push(), token="wrong"), 401, "not the configured")
+    assert_error(web.gitlab(gitlab_push(), token=GITLAB_TOKEN[:-1]), 401)
+    assert web.states() == {}
+
+    key = str(uuid.uuid4())
+    pushed = web.gitlab(gitlab_push(), idempotency_key=key, event_uuid="event-1")
+    assert pushed.status == 201, pushed.text
+    assert pushed.body == {
+        "provider": "gitlab", "delivery": key, "repository": "group/sub/project",
+        "branch": "main", "already_ingested": False, "ingested": [
+            {"queue": "group/main", "request_id": "request/group/main/1", "new": True}]}
+    web.wait_quiet()
+    web.repo.push("main", "b2")
+    resent = web.gitlab(gitlab_push(), idempotency_key=key, event_uuid="event-1")
+    assert (resent.status, resent.body["already_ingested"]) == (200, True)
+    assert_ignored(web.gitlab(gitlab_push(), event="Tag Push Hook"), "not a push")
+    assert_ignored(web.gitlab(gitlab_push(after="0" * 40)), "branch 'main' was deleted")
+    assert_ignored(web.gitlab(gitlab_push("develop")), "no queue watches branch 'develop'")
+    assert_error(web.gitlab({**gitlab_push(), "project": {}}), 400,
+                 "no 'project.path_with_namespace' string")
+    assert web.states() == {"request/group/main/1": "succeeded"}
+
+    # older GitLab: the event's UUID is the delivery id
+    by_uuid = web.gitlab(gitlab_push(after="b2" * 20), event_uuid="event-2")
+    assert (by_uuid.status, by_uuid.body["delivery"]) == (201, "event-2")
+    assert by_uuid.body["ingested"][0]["request_id"] == "request/group/main/2"
+    web.wait_quiet()
+    # a system hook without any id: the same body twice is the same delivery
+    web.repo.push("main", "c3")
+    system = {**gitlab_push(after="c3" * 20), "object_kind": None}
+    hooked = web.gitlab(system, event="System Hook")
+    assert hooked.status == 201, hooked.text
+    assert hooked.body["delivery"].startswith("sha256:")
+    again = web.gitlab(system, event="System Hook")
+    assert (again.status, again.body["already_ingested"], again.body["delivery"]) == (
+        200, True, hooked.body["delivery"])
+    web.wait_quiet()
+    assert web.states() == {"request/group/main/1": "succeeded",
+                            "request/group/main/2": "succeeded",
+                            "request/group/main/3": "succeeded"}
+    assert web.exact_outcome_problems() == []
+    web.assert_secrets_never_shown()
+
+
+def test_identical_deliveries_at_once_ingest_once(web: HookPipeline) -> None:
+    # resolving the head takes a second, so the deliveries overlap the first one's ingest
+    web.add_queue("team/main", ref="main", webhook_repository="group/sub/project",
+                  source_latency={"head": "1s"})
+    web.configure_webhooks({"github": {"secret_env": UNSET_ENV},
+                            "gitlab": {"token_env": GITLAB_ENV}})
+    web.repo.push("main", "a1")
+    web.start_web_worker(env={GITLAB_ENV: GITLAB_TOKEN})
+    web.wait_healthy()
+
+    # GitHub's variable is unset: refused, naming the variable (never a value)
+    assert_error(web.github(github_push(repository="group/sub/project")), 503,
+                 f"its secret variable {UNSET_ENV} is unset or empty")
+
+    with ThreadPoolExecutor(6) as pool:
+        replies = list(pool.map(
+            lambda _: web.gitlab(gitlab_push(), idempotency_key="same-delivery"), range(6)))
+    assert sorted(r.status for r in replies) == [200] * 5 + [201], [r.text for r in replies]
+    assert sorted(r.body["already_ingested"] for r in replies) == [False] + [True] * 5
+    assert {r.body["ingested"][0]["request_id"] for r in replies} == {"request/team/main/1"}
+    web.wait_quiet()
+    assert web.states() == {"request/team/main/1": "succeeded"}
+    assert web.query("SELECT state, request_ids FROM webhook_delivery") == [
+        ("ingested", ["request/team/main/1"])]
+    web.assert_secrets_never_shown()
