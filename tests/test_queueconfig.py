@@ -201,7 +201,7 @@ def test_relative_paths_do_not_depend_on_the_working_directory(
      "queues.q.source_control.promotion_ref: must differ from ref 'main'"),
     (_doc(build_runner={"kind": "jenkins"}),
      "queues.q.build_runner.kind: unknown build_runner kind 'jenkins'; expected one of "
-     "['fake', 'command']"),
+     "['fake', 'command', 'buildkite', 'github_actions']"),
     (_doc(build_runner={}), "queues.q.build_runner: missing 'kind'"),
     (_doc(build_runner=None), "queues.q.build_runner: expected a build_runner mapping"),
     (_doc(build_runner={"kind": "fake", "state_dir": ["x"]}),
@@ -241,7 +241,7 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
 
 def test_a_bad_default_is_reported_even_where_every_queue_overrides_it(tmp_path: Path) -> None:
     doc = _doc(gate_delay="1s", build_runner=FAKE_BR)
-    doc["defaults"] = {"gate_delay": "later", "build_runner": {"kind": "buildkite"}}
+    doc["defaults"] = {"gate_delay": "later", "build_runner": {"kind": "jenkins"}}
     assert sorted(p.partition(": ")[0] for p in _problems(tmp_path, doc)) == [
         "defaults.build_runner.kind", "defaults.gate_delay"]
 

@@ -9,6 +9,7 @@ from streams.runtime import headers as h
 from streams.runtime.classify import is_retryable, outcome_of_exception
 from streams.runtime.outcome import ACK, Hold, NonRetryable, Retryable, RetryableError
 from streams.runtime.policy import (
+    MAX_RETRY_AFTER,
     Commit,
     DeadLetter,
     ParkMessage,
@@ -154,3 +155,46 @@ def test_headers_replace_keeps_others_and_takes_the_last_value() -> None:
     assert h.get_int(out, h.ATTEMPT) == 5
     assert h.get_int([(h.ATTEMPT, b"junk")], h.ATTEMPT) == 0
     assert h.without_runtime(out) == [("a", b"1"), ("b", b"3"), (h.ATTEMPT, b"5")]
+
+
+# --- a dependency's Retry-After --------------------------------------------------------------
+
+@given(error=errors, retry=retries, attempt=attempts, reconciler=st.booleans(),
+       retry_after=st.floats(min_value=0, max_value=10 * MAX_RETRY_AFTER, allow_nan=False))
+def test_a_retry_waits_at_least_what_the_error_asked_for_and_at_most_the_cap(
+        error: Exception, retry: Retry, attempt: int, reconciler: bool,
+        retry_after: float) -> None:
+    action = decide(Retryable(error, retry_after=retry_after), attempt=attempt, retry=retry,
+                    reconciler=reconciler)
+    failures = attempt + 1
+    if not reconciler and retry.max_attempts is not None and failures >= retry.max_attempts:
+        assert action == DeadLetter(attempts=failures, error=error)  # asking changes nothing
+    else:
+        ladder = retry.backoff[min(failures, len(retry.backoff)) - 1]
+        assert action == Redeliver(delay=max(ladder, min(retry_after, MAX_RETRY_AFTER)),
+                                   attempt=failures)
+
+
+def test_retry_after_examples() -> None:
+    retry = Retry(max_attempts=5, backoff=(1.0, 5.0, 30.0))
+    error = RetryableError("429")
+    assert decide(Retryable(error, retry_after=42.0), attempt=0, retry=retry,
+                  reconciler=False) == Redeliver(delay=42.0, attempt=1)
+    assert decide(Retryable(error, retry_after=2.0), attempt=2, retry=retry,
+                  reconciler=False) == Redeliver(delay=30.0, attempt=3)  # the ladder is longer
+    assert decide(Retryable(error, retry_after=86_400.0), attempt=0, retry=retry,
+                  reconciler=True) == Redeliver(delay=MAX_RETRY_AFTER, attempt=1)
+
+
+def test_an_error_s_retry_after_reaches_the_outcome() -> None:
+    class RateLimited(Exception):
+        retryable = True
+        retry_after = 17.5
+
+    error = RateLimited()
+    assert outcome_of_exception(error) == Retryable(error, retry_after=17.5)
+    plain = RetryableError("5xx")
+    assert outcome_of_exception(plain) == Retryable(plain, retry_after=None)
+    odd = RateLimited()
+    odd.retry_after = "soon"  # type: ignore[assignment]
+    assert outcome_of_exception(odd) == Retryable(odd, retry_after=None)

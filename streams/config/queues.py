@@ -188,6 +188,13 @@ class Extensions:
             self._build_runners[queue] = make_build_runner(self.config.get(queue))
         return self._build_runners[queue]
 
+    async def aclose(self) -> None:
+        """Release what the built runners hold open (a hosted CI runner's HTTP session)."""
+        for runner in self._build_runners.values():
+            close = getattr(runner, "aclose", None)
+            if close is not None:
+                await close()
+
 
 # --- loading ----------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ outage of the infrastructure rather than a failure of the message.
 Non-retryable is the default (design §6): marking an error retryable for convenience turns
 a permanent failure into an infinite loop. Retryable: database conflicts and lost
 connections (as classified by the store), broker/network timeouts, errors that carry
-``retryable = True`` (e.g. a runner's HTTP 5xx/429/408).
+``retryable = True`` (e.g. a runner's HTTP 5xx/429/408). Such an error may also carry
+``retry_after`` (seconds): the retry then waits at least that long.
 
 An outage (`is_outage`) is the broker or the database being unreachable: not the
 message's fault, so the delivery waits and tries again in place, spending none of the
@@ -46,8 +47,19 @@ def is_retryable(exc: BaseException) -> bool:
     return bool(store_is_retryable(exc))
 
 
+def retry_after_of(exc: BaseException) -> float | None:
+    """How long ``exc`` asks to wait before a retry (a dependency's ``Retry-After``, carried
+    as ``retry_after`` seconds), if it says."""
+    delay = getattr(exc, "retry_after", None)
+    if isinstance(delay, int | float) and not isinstance(delay, bool) and delay >= 0:
+        return float(delay)
+    return None
+
+
 def outcome_of_exception(exc: BaseException) -> Outcome:
-    return Retryable(exc) if is_retryable(exc) else NonRetryable(exc)
+    if is_retryable(exc):
+        return Retryable(exc, retry_after=retry_after_of(exc))
+    return NonRetryable(exc)
 
 
 def is_outage(exc: BaseException) -> bool:

@@ -35,9 +35,12 @@ class Hold:
 
 @dataclass(frozen=True)
 class Retryable:
-    """Failed, may succeed later: redeliver after the topic's backoff."""
+    """Failed, may succeed later: redeliver after the topic's backoff, or after
+    ``retry_after`` seconds when the failing dependency asked for longer (a
+    ``Retry-After``)."""
 
     error: BaseException
+    retry_after: float | None = None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 from streams.runtime.outcome import Ack, Hold, NonRetryable, Outcome, Retryable
 
+# The longest wait a dependency's Retry-After may impose on one retry: GitHub's hourly
+# rate-limit window. A longer demand is met by the following retries.
+MAX_RETRY_AFTER = 3600.0
+
 
 @dataclass(frozen=True)
 class Retry:
@@ -69,6 +73,9 @@ Action = Commit | Redeliver | DeadLetter | ParkMessage
 def decide(outcome: Outcome, *, attempt: int, retry: Retry, reconciler: bool) -> Action:
     """The action for ``outcome`` on a message that already failed ``attempt`` times.
 
+    A retry waits the topic's backoff, or longer when the error asked for longer
+    (`Retryable.retry_after`, capped at `MAX_RETRY_AFTER`).
+
     Reconcilers never dead-letter (design §6: a ``_dlq`` consumer has no DLQ of its own):
     a transient failure is retried forever with the capped backoff; one that can never
     succeed is retried up to ``park_after`` calls in all, then parked.
@@ -86,7 +93,12 @@ def decide(outcome: Outcome, *, attempt: int, retry: Retry, reconciler: bool) ->
                     return ParkMessage(attempts=failures, error=error)
             elif isinstance(outcome, NonRetryable) or exhausted:
                 return DeadLetter(attempts=failures, error=error)
-            return Redeliver(delay=retry.delay_before(failures), attempt=failures)
+            delay = retry.delay_before(failures)
+            if isinstance(outcome, Retryable) and outcome.retry_after is not None:
+                # the dependency said when to come back: never sooner (a rate limit
+                # retried early only spends another attempt), never absurdly later
+                delay = max(delay, min(outcome.retry_after, MAX_RETRY_AFTER))
+            return Redeliver(delay=delay, attempt=failures)
     raise TypeError(f"not an Outcome: {outcome!r}")
 
 

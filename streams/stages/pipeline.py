@@ -53,6 +53,11 @@ def open_pipeline_deps(dsn: str, queues_file: Path | str | None = None,
         db = await Database.open(dsn, min_size=pool_size, max_size=pool_size,
                                  name="stovepipe-worker")
         deps = Deps(db=db, queues=queues, extensions=Extensions(queues))
-        return deps, park_into(db), db.close
+
+        async def close() -> None:
+            await deps.extensions.aclose()
+            await db.close()
+
+        return deps, park_into(db), close
 
     return open_deps

@@ -1,7 +1,9 @@
 """The BuildRunner contract. Build ids are minted by the runner and opaque elsewhere.
 
 Each runner classifies its own failures: `BuildRunnerError.retryable` (e.g. HTTP
-5xx/429/408 from a hosted CI) or not (a bad configuration, a rejected trigger).
+5xx/429/408 from a hosted CI) or not (a bad configuration, a rejected trigger). A
+retryable error may say how long to wait first (`retry_after`, seconds: a provider's
+``Retry-After``); the delivery runtime then retries no earlier than that.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ class BuildRunnerError(Exception):
     """A failure of the runner. Non-retryable unless marked."""
 
     retryable: bool = False
+    retry_after: float | None = None
 
-    def __init__(self, message: str, *, retryable: bool = False) -> None:
+    def __init__(self, message: str, *, retryable: bool = False,
+                 retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.retry_after = retry_after if retryable else None
 
 
 @dataclass(frozen=True)

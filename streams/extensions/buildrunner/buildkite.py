@@ -1,0 +1,250 @@
+"""The buildkite BuildRunner: a build of a Buildkite pipeline per Request (design §8).
+
+Endpoints (Buildkite REST API v2, https://buildkite.com/docs/apis/rest-api/builds):
+
+- ``POST /v2/organizations/{org}/pipelines/{pipeline}/builds`` creates the build: ``commit``
+  the head sha, ``branch`` (the configured one, else the head URI's ref), a ``message``,
+  ``env`` with STOVEPIPE_HEAD_SHA, STOVEPIPE_BASE_SHA (empty for a full build),
+  STOVEPIPE_HEAD_URI, STOVEPIPE_BASE_URI, STOVEPIPE_QUEUE, STOVEPIPE_REQUEST_ID and
+  STOVEPIPE_STRATEGY (plus the queue's extra ``env``), and ``meta_data``
+  ``stovepipe-trigger`` (the correlation id of the trigger key, see `hosted.correlation_id`)
+  and ``stovepipe-request``;
+- ``GET …/builds?meta_data[stovepipe-trigger]=<id>&commit=<sha>`` (list builds, filtered):
+  before creating, a trigger looks for the build an earlier trigger with the same key
+  started (a trigger repeated after a crash), and returns it instead of a second build;
+- ``GET …/builds/{number}`` is the status, ``PUT …/builds/{number}/cancel`` cancels (a
+  ``422``, "cannot be canceled", means it is already over or canceling: cancel is
+  idempotent and a finished build stays as it ended).
+
+A build id is ``bk-<org>/<pipeline>/<number>``: any worker answers status and cancel from
+it and the token alone.
+
+Buildkite's build states, mapped to ours. Green only from ``passed`` on a build that is not
+``blocked``: a build paused at a block step has not run what follows it.
+
+| Buildkite ``state``                            | status    |
+|------------------------------------------------|-----------|
+| ``creating``, ``scheduled``                    | accepted  |
+| ``running``, ``waiting``                       | running   |
+| ``failing`` (1)                                | running   |
+| ``canceling`` (still stopping)                 | running   |
+| ``blocked``, ``passed`` with ``blocked`` (2)   | running   |
+| ``passed`` (not blocked)                       | succeeded |
+| ``failed``, ``waiting_failed``                 | failed    |
+| ``finished`` (3)                               | failed    |
+| ``canceled``                                   | cancelled |
+| ``skipped``, ``not_run`` (4)                   | cancelled |
+| anything else (5)                              | running   |
+
+(1) a job failed, but a retry may still pass the build: wait for its end. (2) paused at a
+block step until a person unblocks it; the poll deadline bounds the wait. (3) a list
+filter, not a state a build reports: over, and not known to have passed. (4) never ran
+(``skipped``: superseded by a newer build of the branch): not validated, no fact. (5) an
+unknown state is never green; the poll deadline ends it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass as spec_dataclass
+
+from store.entities import BuildStatus
+from streams.extensions import ExtensionContext
+from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
+from streams.extensions.buildrunner.hosted import (
+    DEFAULT_REQUEST_TIMEOUT,
+    ApiUrl,
+    BranchName,
+    Commits,
+    ExtraEnv,
+    HostedApi,
+    Slug,
+    TokenEnvName,
+    build_environment,
+    correlation_id,
+    number_header,
+)
+from streams.schema.fields import SPEC, Duration
+
+BUILD_ID_PREFIX = "bk-"
+DEFAULT_API_URL = "https://api.buildkite.com"
+TRIGGER_META = "stovepipe-trigger"
+REQUEST_META = "stovepipe-request"
+_BUILD_ID = re.compile(r"bk-([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)/"
+                       r"([1-9][0-9]{0,17})")
+PROVIDER = "buildkite"
+
+STATES: Mapping[str, BuildStatus] = {
+    "creating": BuildStatus.ACCEPTED,
+    "scheduled": BuildStatus.ACCEPTED,
+    "running": BuildStatus.RUNNING,
+    "waiting": BuildStatus.RUNNING,
+    "failing": BuildStatus.RUNNING,
+    "canceling": BuildStatus.RUNNING,
+    "blocked": BuildStatus.RUNNING,
+    "passed": BuildStatus.SUCCEEDED,
+    "failed": BuildStatus.FAILED,
+    "waiting_failed": BuildStatus.FAILED,
+    "finished": BuildStatus.FAILED,
+    "canceled": BuildStatus.CANCELLED,
+    "skipped": BuildStatus.CANCELLED,
+    "not_run": BuildStatus.CANCELLED,
+}
+
+
+def status_of(state: str, blocked: bool) -> BuildStatus:
+    """Our status for a Buildkite build's ``state`` and ``blocked`` flag (the table in the
+    module docstring)."""
+    status = STATES.get(state, BuildStatus.RUNNING)
+    if blocked and status is BuildStatus.SUCCEEDED:
+        # paused at a block step: what follows it has not run (Buildkite reports such a
+        # build as `passed` with `blocked: true`)
+        return BuildStatus.RUNNING
+    return status
+
+
+def _rate_limit_wait(status: int, headers: Mapping[str, str], message: str) -> float | None:
+    """Buildkite answers a rate limit with 429 and the seconds until its window resets in
+    ``RateLimit-Reset`` (organization) and ``RateLimit-User-Reset`` (per user)."""
+    if status != 429:
+        return None
+    resets = [number_header(headers, name)
+              for name in ("ratelimit-reset", "ratelimit-user-reset")]
+    known = [max(0.0, r) for r in resets if r is not None]
+    return max(known) if known else None
+
+
+@spec_dataclass(frozen=True, config=SPEC)
+class BuildkiteBuildRunnerSpec:
+    """`kind: buildkite`: a build of a Buildkite pipeline (this module)."""
+
+    wants_repository: ClassVar[bool] = False
+    organization: Annotated[Slug, Field(examples=["organization: acme"])]
+    pipeline: Annotated[Slug, Field(examples=["pipeline: monorepo"])]
+    # the NAME of the environment variable holding the API token, never the token
+    token_env: Annotated[TokenEnvName, Field(examples=["token_env: BUILDKITE_API_TOKEN"])]
+    api_url: ApiUrl = DEFAULT_API_URL
+    branch: BranchName | None = None  # None: the head URI's ref
+    env: ExtraEnv | None = None  # more environment variables for the build
+    request_timeout: Duration = timedelta(seconds=DEFAULT_REQUEST_TIMEOUT)
+    kind: Literal["buildkite"] = "buildkite"
+
+    def build(self, context: ExtensionContext) -> BuildkiteBuildRunner:
+        return BuildkiteBuildRunner(
+            self.organization, self.pipeline, self.token_env, api_url=self.api_url,
+            branch=self.branch, env=self.env, queue=context.queue,
+            timeout=self.request_timeout.total_seconds())
+
+
+class BuildkiteBuildRunner:
+    """Builds on the Buildkite pipeline ``organization``/``pipeline`` with the API token
+    in the environment variable ``token_env`` (see the module docstring)."""
+
+    def __init__(self, organization: str, pipeline: str, token_env: str, *,
+                 api_url: str = DEFAULT_API_URL, branch: str | None = None,
+                 env: Mapping[str, str] | None = None, queue: str = "",
+                 timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 environ: Mapping[str, str] | None = None) -> None:
+        self.organization = organization
+        self.pipeline = pipeline
+        self.branch = branch
+        self.env = dict(env or {})
+        self.queue = queue
+        self.api = HostedApi(PROVIDER, api_url, token_env, timeout=timeout,
+                             headers={"Accept": "application/json"},
+                             rate_limit_wait=_rate_limit_wait, environ=environ)
+
+    def __repr__(self) -> str:
+        return (f"BuildkiteBuildRunner({self.organization!r}, {self.pipeline!r}, "
+                f"token_env={self.api.token_env!r}, api_url={self.api.api_url!r})")
+
+    async def trigger(self, base_uri: str | None, head_uri: str,
+                      metadata: Mapping[str, str]) -> str:
+        commits = Commits.of(PROVIDER, base_uri, head_uri)
+        correlation = correlation_id(metadata, base_uri, head_uri)
+        builds = _builds_path(self.organization, self.pipeline)
+        if metadata.get("trigger_key"):
+            found = await self.api.call("GET", builds, params={
+                f"meta_data[{TRIGGER_META}]": correlation, "commit": commits.head.sha,
+                "per_page": "100"})
+            # the filter is the server's; the match is checked here too, so a server that
+            # ignored it could never hand over another trigger's build
+            numbers = [b["number"] for b in found.body or []
+                       if _is_build(b) and b.get("commit") == commits.head.sha
+                       and (b.get("meta_data") or {}).get(TRIGGER_META) == correlation]
+            if numbers:  # started by an earlier trigger of the same key
+                return _build_id(self.organization, self.pipeline, min(numbers))
+        queue = metadata.get("queue") or self.queue
+        env = {**self.env, **build_environment(commits, {**metadata, "queue": queue},
+                                               base_uri, head_uri)}
+        created = await self.api.call("POST", builds, expect=(200, 201), body={
+            "commit": commits.head.sha,
+            "branch": self.branch or commits.head.ref,
+            "message": _message(queue, commits, metadata),
+            "env": env,
+            "meta_data": {TRIGGER_META: correlation,
+                          REQUEST_META: metadata.get("request_id", "")},
+        })
+        if not _is_build(created.body):
+            raise BuildRunnerError(f"{PROVIDER}: POST {builds} answered without a build "
+                                   f"number")
+        return _build_id(self.organization, self.pipeline, created.body["number"])
+
+    async def status(self, build_id: str) -> BuildReport:
+        organization, pipeline, number = parse_build_id(build_id)
+        answer = await self.api.call(
+            "GET", f"{_builds_path(organization, pipeline)}/{number}",
+            params={"exclude_jobs": "true"})
+        build = answer.body if isinstance(answer.body, dict) else {}
+        state = build.get("state")
+        if not isinstance(state, str):
+            raise BuildRunnerError(f"{PROVIDER}: build {build_id} answered without a state")
+        blocked = build.get("blocked") is True
+        return BuildReport(status_of(state, blocked), {
+            "runner": PROVIDER, "state": state, "blocked": str(blocked).lower(),
+            "web_url": str(build.get("web_url") or "")})
+
+    async def cancel(self, build_id: str) -> None:
+        organization, pipeline, number = parse_build_id(build_id)
+        # 422: Buildkite cancels only scheduled, running or failing builds; any other is
+        # over already (or canceling), and stays as it ended
+        await self.api.call("PUT", f"{_builds_path(organization, pipeline)}/{number}/cancel",
+                            expect=(200, 422))
+
+    async def aclose(self) -> None:
+        await self.api.aclose()
+
+
+def parse_build_id(build_id: str) -> tuple[str, str, int]:
+    """(organization, pipeline, number) of a buildkite build id; a non-retryable
+    BuildRunnerError for anything else."""
+    match = _BUILD_ID.fullmatch(build_id)
+    if match is None:
+        raise BuildRunnerError(f"not a buildkite build id: {build_id!r} (want "
+                               f"{BUILD_ID_PREFIX}<organization>/<pipeline>/<number>)")
+    return match.group(1), match.group(2), int(match.group(3))
+
+
+def _build_id(organization: str, pipeline: str, number: int) -> str:
+    return f"{BUILD_ID_PREFIX}{organization}/{pipeline}/{number}"
+
+
+def _builds_path(organization: str, pipeline: str) -> str:
+    return f"/v2/organizations/{organization}/pipelines/{pipeline}/builds"
+
+
+def _is_build(value: Any) -> bool:
+    number = value.get("number") if isinstance(value, dict) else None
+    return isinstance(number, int) and not isinstance(number, bool) and number > 0
+
+
+def _message(queue: str, commits: Commits, metadata: Mapping[str, str]) -> str:
+    strategy = metadata.get("strategy") or ("incremental" if commits.base else "full")
+    request = metadata.get("request_id")
+    return (f"Stovepipe: validate {queue or commits.head.ref} at {commits.head.sha[:12]} "
+            f"({strategy}{', ' + request if request else ''})")

@@ -1,0 +1,333 @@
+"""The github_actions BuildRunner: a ``workflow_dispatch`` run of a GitHub Actions workflow
+per Request (design §8).
+
+Endpoints (GitHub REST API, https://docs.github.com/rest/actions):
+
+- ``POST /repos/{owner}/{repo}/actions/workflows/{workflow}/dispatches`` with ``ref`` (the
+  configured branch, else the head URI's ref), ``inputs`` — the head sha, the base sha
+  (empty for a full build), a correlation id, and the queue's extra inputs — and
+  ``return_run_details: true``, so GitHub answers ``200`` with the ``workflow_run_id`` it
+  started. A GitHub that answers ``204`` without it (GitHub Enterprise Server before the
+  feature) is asked for the run instead, below, for up to ``run_search`` seconds;
+- ``GET /repos/{owner}/{repo}/actions/workflows/{workflow}/runs?event=workflow_dispatch
+  &branch=<ref>&created=>=<time>`` finds a run by its correlation id, which the workflow
+  must put in its ``run-name`` (so it is the run's ``display_title``). Before dispatching,
+  a trigger looks for the run an earlier trigger with the same key started (within
+  ``lookback``) and returns it instead of starting a second one;
+- ``GET /repos/{owner}/{repo}/actions/runs/{run_id}`` is the status,
+  ``POST /repos/{owner}/{repo}/actions/runs/{run_id}/cancel`` cancels (``409``: the run is
+  completed already; it stays as it ended).
+
+A build id is ``gha-<owner>/<repo>/<run id>``, known when the trigger returns (the run is
+found at trigger time, with bounded waiting), so any worker answers status and cancel from
+the id and the token alone, with no state of its own.
+
+The correlation id is derived from the trigger key (the Request id) and the commits
+(`hosted.correlation_id`): a trigger repeated after a crash finds the first run. A
+dispatch answered ``204`` whose run does not show up within ``run_search`` is a retryable
+error; the retry finds the run if it has appeared meanwhile, and dispatches again only if
+it has not.
+
+A run's ``status`` and ``conclusion``, mapped to ours. Green only from ``success``:
+
+| ``status``                              | ``conclusion``                      | status    |
+|-----------------------------------------|-------------------------------------|-----------|
+| ``requested``, ``queued``, ``pending``  |                                     | accepted  |
+| ``in_progress``, ``waiting`` (1)        |                                     | running   |
+| ``completed``                           | ``success``                         | succeeded |
+| ``completed``                           | ``failure``, ``timed_out``,         | failed    |
+|                                         | ``startup_failure``                 |           |
+| ``completed``                           | ``cancelled``                       | cancelled |
+| ``completed``                           | ``skipped``, ``stale``, ``neutral``,| cancelled |
+|                                         | ``action_required`` (2)             |           |
+| ``completed``                           | none yet (the conclusion follows)   | running   |
+| ``completed``                           | anything else (3)                   | failed    |
+| anything else (4)                       |                                     | running   |
+
+(1) ``waiting``: for a deployment protection rule. (2) did not validate the commit: no
+fact. (3) over, and not known to have succeeded. (4) an unknown status is never green;
+the poll deadline ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
+from pydantic.dataclasses import dataclass as spec_dataclass
+
+from store.entities import BuildStatus
+from streams.extensions import ExtensionContext
+from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
+from streams.extensions.buildrunner.hosted import (
+    DEFAULT_RATE_LIMIT_WAIT,
+    DEFAULT_REQUEST_TIMEOUT,
+    ApiUrl,
+    BranchName,
+    Commits,
+    HostedApi,
+    TokenEnvName,
+    correlation_id,
+    number_header,
+)
+from streams.schema.fields import SPEC, Duration
+
+BUILD_ID_PREFIX = "gha-"
+DEFAULT_API_URL = "https://api.github.com"
+API_VERSION = "2022-11-28"
+PROVIDER = "github_actions"
+DEFAULT_RUN_SEARCH = 30.0  # seconds a trigger waits for a run GitHub did not name
+DEFAULT_LOOKBACK = 3600.0  # seconds back a repeated trigger looks for its first run
+RUN_SEARCH_POLL = 2.0  # seconds between two looks for the run
+CLOCK_MARGIN = 300.0  # seconds: runs created "before" a dispatch by another clock
+PAGES = 10  # GitHub lists at most 1,000 runs for a filtered search
+PER_PAGE = 100
+_REPOSITORY = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
+_WORKFLOW = re.compile(r"[A-Za-z0-9_.-]+\.ya?ml|[1-9][0-9]*")
+_INPUT = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_BUILD_ID = re.compile(r"gha-([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)/([1-9][0-9]{0,18})")
+
+STATUSES: Mapping[str, BuildStatus] = {
+    "requested": BuildStatus.ACCEPTED,
+    "queued": BuildStatus.ACCEPTED,
+    "pending": BuildStatus.ACCEPTED,
+    "in_progress": BuildStatus.RUNNING,
+    "waiting": BuildStatus.RUNNING,
+}
+CONCLUSIONS: Mapping[str, BuildStatus] = {
+    "success": BuildStatus.SUCCEEDED,
+    "failure": BuildStatus.FAILED,
+    "timed_out": BuildStatus.FAILED,
+    "startup_failure": BuildStatus.FAILED,
+    "cancelled": BuildStatus.CANCELLED,
+    "skipped": BuildStatus.CANCELLED,
+    "stale": BuildStatus.CANCELLED,
+    "neutral": BuildStatus.CANCELLED,
+    "action_required": BuildStatus.CANCELLED,
+}
+
+
+def status_of(status: str, conclusion: str | None) -> BuildStatus:
+    """Our status for a run's ``status`` and ``conclusion`` (the table in the module
+    docstring)."""
+    if status != "completed":
+        return STATUSES.get(status, BuildStatus.RUNNING)
+    if not conclusion:
+        return BuildStatus.RUNNING
+    return CONCLUSIONS.get(conclusion, BuildStatus.FAILED)
+
+
+def _rate_limit_wait(status: int, headers: Mapping[str, str], message: str) -> float | None:
+    """GitHub answers a rate limit with 403 or 429: the primary limit with
+    ``x-ratelimit-remaining: 0`` and the reset time (epoch seconds) in
+    ``x-ratelimit-reset``, a secondary limit with a message saying so (and perhaps
+    ``retry-after``, which the caller reads first)."""
+    if status not in (403, 429):
+        return None
+    if headers.get("x-ratelimit-remaining", "").strip() == "0":
+        reset = number_header(headers, "x-ratelimit-reset")
+        return max(0.0, reset - time.time()) if reset is not None else DEFAULT_RATE_LIMIT_WAIT
+    if "rate limit" in message.lower() or "retry-after" in headers:
+        return DEFAULT_RATE_LIMIT_WAIT
+    return None
+
+
+def _pattern(regex: re.Pattern[str], what: str, example: str) -> Any:
+    def check(value: object) -> str:
+        if not isinstance(value, str) or not regex.fullmatch(value):
+            raise ValueError(f"expected {what}, e.g. {example}, got {value!r}")
+        return value
+    return BeforeValidator(check)
+
+
+Repository = Annotated[str, _pattern(_REPOSITORY, "owner/name", "acme/monorepo")]
+Workflow = Annotated[str, _pattern(_WORKFLOW, "a workflow file name or id", "ci.yml")]
+InputName = Annotated[str, _pattern(_INPUT, "a workflow_dispatch input name", "head")]
+
+
+def _extra_inputs(value: object) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and _INPUT.fullmatch(k) and isinstance(v, str)
+            for k, v in value.items()):
+        raise ValueError(f"expected a mapping of input names to strings, got {value!r}")
+    return dict(value)
+
+
+@spec_dataclass(frozen=True, config=SPEC)
+class GitHubActionsBuildRunnerSpec:
+    """`kind: github_actions`: a workflow_dispatch run of a GitHub Actions workflow (this
+    module)."""
+
+    wants_repository: ClassVar[bool] = False
+    repository: Annotated[Repository, Field(examples=["repository: acme/monorepo"])]
+    workflow: Annotated[Workflow, Field(examples=["workflow: stovepipe.yml"])]
+    # the NAME of the environment variable holding the API token, never the token
+    token_env: Annotated[TokenEnvName, Field(examples=["token_env: GITHUB_TOKEN"])]
+    ref: BranchName | None = None  # the branch to dispatch on; None: the head URI's ref
+    api_url: ApiUrl = DEFAULT_API_URL
+    head_input: InputName = "head"
+    base_input: InputName = "base"
+    id_input: InputName = "stovepipe_id"
+    inputs: Annotated[dict[str, str], BeforeValidator(_extra_inputs)] | None = None
+    run_search: Duration = timedelta(seconds=DEFAULT_RUN_SEARCH)
+    lookback: Duration = timedelta(seconds=DEFAULT_LOOKBACK)
+    request_timeout: Duration = timedelta(seconds=DEFAULT_REQUEST_TIMEOUT)
+    kind: Literal["github_actions"] = "github_actions"
+
+    @model_validator(mode="after")
+    def _distinct_inputs(self) -> GitHubActionsBuildRunnerSpec:
+        names = [self.head_input, self.base_input, self.id_input]
+        if len(set(names)) != 3:
+            raise ValueError(f"head_input, base_input and id_input must differ, got {names}")
+        clash = sorted(set(names) & set(self.inputs or {}))
+        if clash:
+            raise ValueError(f"inputs {clash} are set by Stovepipe (head_input, base_input, "
+                             f"id_input)")
+        return self
+
+    def build(self, context: ExtensionContext) -> GitHubActionsBuildRunner:
+        return GitHubActionsBuildRunner(
+            self.repository, self.workflow, self.token_env, ref=self.ref,
+            api_url=self.api_url,
+            input_names=(self.head_input, self.base_input, self.id_input),
+            inputs=self.inputs, run_search=self.run_search.total_seconds(),
+            lookback=self.lookback.total_seconds(),
+            timeout=self.request_timeout.total_seconds())
+
+
+class GitHubActionsBuildRunner:
+    """Dispatches ``workflow`` of ``repository`` (owner/name) with the API token in the
+    environment variable ``token_env`` (see the module docstring). ``input_names`` are the
+    workflow_dispatch inputs for the head sha, the base sha and the correlation id."""
+
+    def __init__(self, repository: str, workflow: str, token_env: str, *,
+                 ref: str | None = None, api_url: str = DEFAULT_API_URL,
+                 input_names: tuple[str, str, str] = ("head", "base", "stovepipe_id"),
+                 inputs: Mapping[str, str] | None = None,
+                 run_search: float = DEFAULT_RUN_SEARCH, lookback: float = DEFAULT_LOOKBACK,
+                 timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 environ: Mapping[str, str] | None = None,
+                 search_poll: float = RUN_SEARCH_POLL) -> None:
+        self.repository = repository
+        self.workflow = workflow
+        self.ref = ref
+        self.input_names = input_names
+        self.inputs = dict(inputs or {})
+        self.run_search = run_search
+        self.lookback = lookback
+        self.search_poll = search_poll
+        self.api = HostedApi(PROVIDER, api_url, token_env, timeout=timeout,
+                             headers={"Accept": "application/vnd.github+json",
+                                      "X-GitHub-Api-Version": API_VERSION},
+                             rate_limit_wait=_rate_limit_wait, environ=environ)
+
+    def __repr__(self) -> str:
+        return (f"GitHubActionsBuildRunner({self.repository!r}, {self.workflow!r}, "
+                f"token_env={self.api.token_env!r}, api_url={self.api.api_url!r})")
+
+    async def trigger(self, base_uri: str | None, head_uri: str,
+                      metadata: Mapping[str, str]) -> str:
+        commits = Commits.of(PROVIDER, base_uri, head_uri)
+        correlation = correlation_id(metadata, base_uri, head_uri)
+        ref = self.ref or commits.head.ref
+        if metadata.get("trigger_key"):
+            found = await self._find_run(correlation, ref, time.time() - self.lookback)
+            if found is not None:  # started by an earlier trigger of the same key
+                return self._build_id(self.repository, found)
+        head_input, base_input, id_input = self.input_names
+        dispatched_at = time.time()
+        dispatches = f"{self._workflow_path()}/dispatches"
+        answer = await self.api.call("POST", dispatches, expect=(200, 204), body={
+            "ref": ref,
+            "inputs": {**self.inputs, head_input: commits.head.sha,
+                       base_input: commits.base.sha if commits.base else "",
+                       id_input: correlation},
+            "return_run_details": True,
+        })
+        run_id = answer.body.get("workflow_run_id") if isinstance(answer.body, dict) else None
+        if answer.status == 200 and isinstance(run_id, int) and _is_run_id(run_id):
+            return self._build_id(self.repository, run_id)
+        return self._build_id(self.repository,
+                              await self._wait_for_run(correlation, ref, dispatched_at))
+
+    async def status(self, build_id: str) -> BuildReport:
+        repository, run_id = parse_build_id(build_id)
+        answer = await self.api.call("GET", f"/repos/{repository}/actions/runs/{run_id}")
+        run = answer.body if isinstance(answer.body, dict) else {}
+        status, conclusion = run.get("status"), run.get("conclusion")
+        if not isinstance(status, str):
+            raise BuildRunnerError(f"{PROVIDER}: run {build_id} answered without a status")
+        conclusion = conclusion if isinstance(conclusion, str) else None
+        return BuildReport(status_of(status, conclusion), {
+            "runner": PROVIDER, "status": status, "conclusion": conclusion or "",
+            "html_url": str(run.get("html_url") or "")})
+
+    async def cancel(self, build_id: str) -> None:
+        repository, run_id = parse_build_id(build_id)
+        # 409: the run is completed; it stays as it ended
+        await self.api.call("POST", f"/repos/{repository}/actions/runs/{run_id}/cancel",
+                            expect=(202, 409))
+
+    async def aclose(self) -> None:
+        await self.api.aclose()
+
+    async def _wait_for_run(self, correlation: str, ref: str, dispatched_at: float) -> int:
+        """The run a dispatch answered 204 started, looked for until ``run_search`` is
+        over (bounded: this runs inside the build stage's handler)."""
+        deadline = time.monotonic() + self.run_search
+        while True:
+            found = await self._find_run(correlation, ref, dispatched_at - CLOCK_MARGIN)
+            if found is not None:
+                return found
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BuildRunnerError(
+                    f"{PROVIDER}: dispatched {self.workflow} on {ref}, but no run whose name "
+                    f"contains {correlation} appeared within {self.run_search:g}s; the "
+                    f"workflow's run-name must include the {self.input_names[2]} input",
+                    retryable=True)
+            await asyncio.sleep(min(self.search_poll, remaining))
+
+    async def _find_run(self, correlation: str, ref: str, since: float) -> int | None:
+        """The oldest run of the workflow on ``ref`` created since ``since`` (epoch s)
+        whose name carries ``correlation``."""
+        created = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        matches: list[int] = []
+        for page in range(1, PAGES + 1):
+            answer = await self.api.call("GET", f"{self._workflow_path()}/runs", params={
+                "event": "workflow_dispatch", "branch": ref, "created": f">={created}",
+                "per_page": str(PER_PAGE), "page": str(page)})
+            runs = answer.body.get("workflow_runs") if isinstance(answer.body, dict) else None
+            runs = runs if isinstance(runs, list) else []
+            matches += [run["id"] for run in runs
+                        if isinstance(run, dict) and _is_run_id(run.get("id"))
+                        and correlation in str(run.get("display_title") or "")]
+            if len(runs) < PER_PAGE:
+                break
+        return min(matches) if matches else None
+
+    def _workflow_path(self) -> str:
+        return f"/repos/{self.repository}/actions/workflows/{self.workflow}"
+
+    @staticmethod
+    def _build_id(repository: str, run_id: int) -> str:
+        return f"{BUILD_ID_PREFIX}{repository}/{run_id}"
+
+
+def parse_build_id(build_id: str) -> tuple[str, int]:
+    """(owner/repo, run id) of a github_actions build id; a non-retryable BuildRunnerError
+    for anything else."""
+    match = _BUILD_ID.fullmatch(build_id)
+    if match is None:
+        raise BuildRunnerError(f"not a github_actions build id: {build_id!r} (want "
+                               f"{BUILD_ID_PREFIX}<owner>/<repo>/<run id>)")
+    return match.group(1), int(match.group(2))
+
+
+def _is_run_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
