@@ -38,10 +38,10 @@ def test_ack_commits(retry: Retry, attempt: int, reconciler: bool) -> None:
 
 
 @given(delay=delays, retry=retries, attempt=attempts, reconciler=st.booleans())
-def test_hold_redelivers_after_its_delay_and_costs_no_attempt(
+def test_hold_redelivers_after_its_delay_and_forgets_earlier_failures(
         delay: float, retry: Retry, attempt: int, reconciler: bool) -> None:
     action = decide(Hold(delay), attempt=attempt, retry=retry, reconciler=reconciler)
-    assert action == Redeliver(delay=delay, attempt=attempt)
+    assert action == Redeliver(delay=delay, attempt=0)
 
 
 @given(error=errors, retry=retries, attempt=attempts)

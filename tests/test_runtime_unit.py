@@ -82,7 +82,7 @@ def test_ack_produces_nothing_and_counts() -> None:
     assert _counter("process", "ack") == before + 1
 
 
-def test_hold_goes_to_the_fitting_tier_with_due_time_and_same_attempt() -> None:
+def test_hold_goes_to_the_fitting_tier_with_due_time_and_a_fresh_attempt_count() -> None:
     producer = RecordingProducer()
     start = time.time()
     asyncio.run(_delivery(producer).deliver(_stage(Hold(2.5)), _msg(PAYLOAD, attempt=1)))
@@ -90,7 +90,7 @@ def test_hold_goes_to_the_fitting_tier_with_due_time_and_same_attempt() -> None:
     assert sent["topic"] == "delay_1s"  # the longest tier not longer than 2.5 s
     assert sent["key"] == b"q" and sent["value"] == PAYLOAD
     assert h.get(sent["headers"], h.TARGET) == b"p.process"
-    assert h.get_int(sent["headers"], h.ATTEMPT) == 1
+    assert h.get_int(sent["headers"], h.ATTEMPT) == 0  # a hold is progress
     due = h.get_int(sent["headers"], h.DUE_MS) / 1000
     assert start + 2.5 <= due + 0.001 <= time.time() + 2.5 + 0.01
     assert ("trace", b"t1") in sent["headers"]

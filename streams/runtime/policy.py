@@ -84,7 +84,11 @@ def decide(outcome: Outcome, *, attempt: int, retry: Retry, reconciler: bool) ->
         case Ack():
             return Commit()
         case Hold(delay=delay):
-            return Redeliver(delay=delay, attempt=attempt)
+            # a hold is progress (a poll that answered, a gate that looked): the failures
+            # before it were not consecutive, so they no longer count towards the limit —
+            # else a few transient errors scattered over a long build's life would
+            # dead-letter it
+            return Redeliver(delay=delay, attempt=0)
         case Retryable(error=error) | NonRetryable(error=error):
             failures = attempt + 1
             exhausted = retry.max_attempts is not None and failures >= retry.max_attempts

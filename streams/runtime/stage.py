@@ -193,7 +193,7 @@ class Delivery(Generic[D]):
             case Commit():
                 metrics.count(stage.key, "ack")
             case Redeliver(delay=delay, attempt=attempt):
-                is_hold = attempt == msg.attempt
+                is_hold = isinstance(outcome, Hold)
                 value = msg.value
                 if isinstance(outcome, Hold) and outcome.payload is not None:
                     value = marshal(outcome.payload)

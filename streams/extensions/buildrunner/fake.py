@@ -20,7 +20,10 @@ URI, whatever the URI scheme — read as ``-``-separated tokens, e.g. ``c7-queue
   ``<state_dir>/latches/NAME`` exists — a hosted CI hanging on one call, held exactly as
   long as a test needs;
 - ``triggererror`` / ``triggerretry``: ``trigger`` raises, non-retryable / retryable;
-- ``statuserror`` / ``statusretry``: ``status`` raises, non-retryable / retryable.
+- ``statuserror`` / ``statusretry``: ``status`` raises, non-retryable / retryable;
+- ``statusflaky``: with a ``state_dir``, every other ``status`` call of the build raises a
+  retryable error (the 1st, 3rd, …; counted in ``<state_dir>/status_calls.log``) — a hosted
+  CI answering 5xx now and then over a long build.
 
 N may be fractional (``slow0.5``). Other tokens are ignored.
 
@@ -69,6 +72,7 @@ _TRIGGER_LATCH_TOKEN = re.compile(r"triggerlatch([A-Za-z0-9_]+)")
 LATCH_POLL = 0.05  # seconds between two looks for a trigger latch
 LATCH_DIR = "latches"
 TRIGGERS_FILE = "triggers.log"
+STATUS_CALLS_FILE = "status_calls.log"
 _NONCE = re.compile(r"[0-9a-f]{16}")
 
 
@@ -86,6 +90,7 @@ class Behaviour:
     trigger_retry: bool = False
     status_error: bool = False
     status_retry: bool = False
+    status_flaky: bool = False
 
     @classmethod
     def of(cls, head_uri: str) -> Behaviour:
@@ -132,6 +137,7 @@ _FLAGS = {
     "triggerretry": "trigger_retry",
     "statuserror": "status_error",
     "statusretry": "status_retry",
+    "statusflaky": "status_flaky",
 }
 
 
@@ -230,6 +236,11 @@ class FakeBuildRunner:
                                    f"(statusretry)", retryable=True)
         if behaviour.status_error:
             raise BuildRunnerError(f"fake runner: status of {build_id} failed (statuserror)")
+        if behaviour.status_flaky and self.state_dir is not None:
+            calls = await asyncio.to_thread(self._count_status_call, self.state_dir, build_id)
+            if calls % 2:
+                raise BuildRunnerError(f"fake runner: status of {build_id} unavailable "
+                                       f"(statusflaky, call {calls})", retryable=True)
         now = self._clock()
         released = await asyncio.to_thread(self._released_after, behaviour, build)
         status = behaviour.status_at(now - build.triggered_at, released)
@@ -264,6 +275,20 @@ class FakeBuildRunner:
         except FileNotFoundError:
             return None
         return max(0.0, released_at - build.triggered_at)
+
+    @staticmethod
+    def _count_status_call(state_dir: Path, build_id: str) -> int:
+        """Record one more status call of ``build_id``; how many there have been."""
+        path = state_dir / STATUS_CALLS_FILE
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, f"{build_id}\n".encode())
+            with open(path, encoding="utf-8") as lines:
+                return sum(1 for line in lines if line.rstrip("\n") == build_id)
+        finally:
+            os.close(fd)
 
     def _build_of_key(self, state_dir: Path, key: str, new_id: str) -> str:
         """The build already started for ``key``, else ``new_id``, recorded for it."""
