@@ -22,9 +22,10 @@ stops the build and records it ``cancelled``. A terminal status is write-once, s
 that comes back after being declared lost finds its build failed and stops it: a lost
 build is never reported green afterwards.
 
-Bound: a host that dies (or loses the database) is reported failed by the first poll
-after ``host_timeout`` since its last heartbeat, i.e. within ``host_timeout`` plus one
-tend interval plus the queue's ``poll_delay_running``.
+Bound: a host that dies (or loses the database) has its builds reported failed by the
+first poll after ``host_timeout`` since its last heartbeat, i.e. within ``host_timeout``
+plus the queue's ``poll_delay_running``; when the dead host's worker was also the one
+polling, add the time Kafka takes to hand its partitions over (the session timeout, 10 s).
 
 A build id is ``cmd-<32 hex digits>``; its state directory on the owner is
 ``<work_dir>/<build id>/``:
