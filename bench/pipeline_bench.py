@@ -392,7 +392,7 @@ class Driver:
         self.producer = AIOKafkaProducer(bootstrap_servers=self.dep.bootstrap, acks="all",
                                          enable_idempotence=True, linger_ms=0)
         await self.producer.start()
-        self.deps = Deps(db=self.db, queues=queues, extensions=Extensions(queues))
+        self.deps = Deps(db=self.db, queues=queues, extensions=Extensions(queues, self.db))
         self.watcher = Watcher(self.dep.dsn, self.dep.args.poll_interval)
         self._watch_task = asyncio.create_task(self.watcher.run())
         return self

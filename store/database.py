@@ -25,6 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from store._base import ConnectionSource
 from store.builds import BuildStore
+from store.command_builds import CommandBuildStore
 from store.counters import CounterStore
 from store.facts import FactStore
 from store.parked import ParkedStore
@@ -43,6 +44,7 @@ class Stores:
         self.requests = RequestStore(source)
         self.request_uris = RequestUriStore(source)
         self.builds = BuildStore(source)
+        self.command_builds = CommandBuildStore(source)
         self.facts = FactStore(source)
         self.counters = CounterStore(source)
         self.parked = ParkedStore(source)

@@ -171,6 +171,35 @@ class Build:
 
 
 @dataclass(frozen=True, slots=True)
+class CommandBuild:
+    """A build of the command build runner, as every host sees it (the row its owning
+    ``host`` keeps up to date; see migrations/0004_command_builds.sql)."""
+
+    build_id: str
+    queue: str
+    request_id: str
+    trigger_key: str | None
+    host: str
+    work_dir: str
+    status: BuildStatus
+    reason: str  # queued, running, exit_code, cancelled, timeout, vanished, host_lost
+    detail: str
+    pid: int | None
+    pgid: int | None
+    proc_start_time: int | None
+    exit_code: int | None
+    log_tail: str
+    created_at: datetime
+    started_at: datetime | None
+    heartbeat_at: datetime
+    cancel_requested_at: datetime | None
+    finished_at: datetime | None
+    # seconds since the heartbeat, by the database's clock (an observation: no part of
+    # equality)
+    heartbeat_age: float = field(default=0.0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
 class ValidationFact:
     """Immutable: degree 0 is green, 1 fully broken. `project` is '' for the whole repo."""
 

@@ -284,7 +284,8 @@ class Pipeline:
     def dump(self) -> dict[str, list[tuple[Any, ...]]]:
         tables = {"queue": "name", "request": "queue, id", "request_uri": "queue, uri",
                   "build": "queue, id", "validation_fact": "queue, uri, project",
-                  "queue_counter": "queue", "parked_message": "id"}
+                  "queue_counter": "queue", "parked_message": "id",
+                  "command_build": "build_id"}
         return {t: self.query(f"SELECT * FROM {t} ORDER BY {order}")
                 for t, order in tables.items()}
 

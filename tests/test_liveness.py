@@ -38,7 +38,7 @@ def _in_process(pipeline: Pipeline,
         queues = load_queues(pipeline.queues_file)
         db = await Database.open(pipeline.dsn, max_size=4)
         try:
-            return await action(Deps(db=db, queues=queues, extensions=Extensions(queues)))
+            return await action(Deps(db=db, queues=queues, extensions=Extensions(queues, db)))
         finally:
             await db.close()
 
@@ -240,7 +240,7 @@ def test_two_ingesters_racing_a_moving_branch_leave_its_final_head_validated(
                     queues = QueuesConfig(deps.queues.path,
                                           {"q": dataclasses.replace(queue,
                                                                     source_control=quick)})
-                    twin = Deps(db=other, queues=queues, extensions=Extensions(queues))
+                    twin = Deps(db=other, queues=queues, extensions=Extensions(queues, other))
                     await asyncio.gather(ingester(deps, publish), ingester(twin, publish))
                 finally:
                     await other.close()
@@ -282,7 +282,8 @@ def test_an_ingest_that_resolved_its_head_first_mints_it_first(pipeline: Pipelin
         slow._wait = pause_after_reading  # type: ignore[method-assign]
         other = await Database.open(pipeline.dsn, max_size=2)
         try:
-            twin = Deps(db=other, queues=deps.queues, extensions=Extensions(deps.queues))
+            twin = Deps(db=other, queues=deps.queues,
+                        extensions=Extensions(deps.queues, other))
             a = asyncio.create_task(ingest_queue(deps, "q", _sink))
             await read.wait()
             pipeline.repo.push(ref, "h2")

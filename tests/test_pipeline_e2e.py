@@ -223,7 +223,7 @@ def test_the_same_head_ingested_100_times_concurrently_is_one_request(
                 await publish_payload(producer, spec.full_name, payload,  # type: ignore[arg-type]
                                       spec.key_field)
 
-            deps = Deps(db=db, queues=queues, extensions=Extensions(queues))
+            deps = Deps(db=db, queues=queues, extensions=Extensions(queues, db))
             ids = await asyncio.gather(*(ingest_queue(deps, "q", publish)
                                          for _ in range(100)))
             return set(ids)

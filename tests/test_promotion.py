@@ -85,7 +85,7 @@ def test_concurrent_record_deliveries_never_move_the_ref_back(migrated_dsn: str,
         queues = load_queues(tmp_path / "queues.yaml")
         db = await Database.open(migrated_dsn, max_size=20)
         try:
-            deps = Deps(db=db, queues=queues, extensions=Extensions(queues))
+            deps = Deps(db=db, queues=queues, extensions=Extensions(queues, db))
             # every call to the repository takes a random while, as a remote's would: the
             # interleavings that move a blindly pushed ref back happen here
             real = deps.extensions.source_control("q")

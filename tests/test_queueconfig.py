@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 import string
 from datetime import timedelta
 from pathlib import Path
@@ -282,7 +283,7 @@ def test_extensions_are_built_once_per_queue(tmp_path: Path) -> None:
     doc = _doc(build_runner={"kind": "fake", "state_dir": "builds"})
     doc["queues"]["r"] = copy.deepcopy(doc["queues"]["q"])
     doc["queues"]["r"]["source_control"]["promotion_ref"] = "verified"
-    extensions = Extensions(load_queues(_write(tmp_path, doc)))
+    extensions = Extensions(load_queues(_write(tmp_path, doc)), None)
     sc = extensions.source_control("q")
     assert isinstance(sc, FakeSourceControl)
     assert extensions.source_control("q") is sc
@@ -336,7 +337,7 @@ def test_the_shipped_file_s_commented_git_example_is_valid(tmp_path: Path) -> No
     assert queue.build_runner == CommandBuildRunnerSpec(
         command="make ci", repository="/srv/mirrors/monorepo.git",
         work_dir=Path("/var/lib/stovepipe/builds/monorepo"), max_parallel=2,
-        timeout=timedelta(minutes=45))
+        timeout=timedelta(minutes=45), host_timeout=timedelta(seconds=60))
 
 
 def test_a_git_source_control_and_a_command_runner_with_their_defaults(tmp_path: Path) -> None:
@@ -441,13 +442,15 @@ def test_a_command_runner_beside_a_fake_source_control_names_its_repository(
 def test_the_made_git_source_control_and_command_runner(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(settings_mod.ENV_HOME, str(tmp_path / "home"))
+    monkeypatch.delenv(settings_mod.ENV_HOST_ID, raising=False)
     doc = _doc(source_control={**GIT_SC, "repository": "https://example.com/mono.git",
                                "promotion_ref": "verified", "cache_dir": "cache"},
                build_runner={**COMMAND_BR, "timeout": "90s"})
     doc["queues"]["mono/main"] = {"source_control": {**GIT_SC, "repository": "/srv/mono"},
                                   "build_runner": {**COMMAND_BR, "max_parallel": 3,
-                                                   "work_dir": "/var/builds"}}
-    extensions = Extensions(load_queues(_write(tmp_path, doc)))
+                                                   "work_dir": "/var/builds",
+                                                   "host_timeout": "15s"}}
+    extensions = Extensions(load_queues(_write(tmp_path, doc)), None)
 
     remote = extensions.source_control("q")
     assert isinstance(remote, GitSourceControl)
@@ -461,21 +464,44 @@ def test_the_made_git_source_control_and_command_runner(
             runner.timeout) == ("make test", "https://example.com/mono.git", "q", 2, 90.0)
     assert runner.work_dir == tmp_path / "home" / "builds" / "q"
     assert runner.repo.cache_path == remote.repo.cache_path  # one cache, fetched once
+    # the host: this machine and this home, unless STOVEPIPE_HOST_ID says otherwise
+    assert (runner.host, runner.host_timeout, runner.database) == (
+        f"{socket.gethostname()}:{(tmp_path / 'home').resolve()}", 60.0, None)
 
     local = extensions.source_control("mono/main")
     assert isinstance(local, GitSourceControl) and local.push is False  # updated in place
     runner = extensions.build_runner("mono/main")
     assert isinstance(runner, CommandBuildRunner)
-    assert (runner.repo.repository, runner.work_dir, runner.max_parallel, runner.timeout) == (
-        "/srv/mono", Path("/var/builds"), 3, None)
+    assert (runner.repo.repository, runner.work_dir, runner.max_parallel, runner.timeout,
+            runner.host_timeout) == ("/srv/mono", Path("/var/builds"), 3, None, 15.0)
+    monkeypatch.setenv(settings_mod.ENV_HOST_ID, "  builder-7 ")
+    explicit = Extensions(load_queues(_write(tmp_path, doc)), None).build_runner("q")
+    assert isinstance(explicit, CommandBuildRunner) and explicit.host == "builder-7"
 
 
-def test_a_git_queue_validates_a_real_commit(tmp_path: Path) -> None:
+def test_a_command_runner_without_a_database_says_so(tmp_path: Path) -> None:
+    import asyncio
+
+    from streams.extensions.buildrunner import BuildRunnerError
+
+    runner = CommandBuildRunner("true", str(tmp_path), tmp_path / "work", database=None,
+                                host="")
+    for call in (runner.trigger(None, "git+file:///r#main@" + "a" * 40, {}),
+                 runner.status("cmd-" + "0" * 32), runner.cancel("cmd-" + "0" * 32),
+                 runner.tend()):
+        with pytest.raises(BuildRunnerError, match="without a database") as info:
+            asyncio.run(call)
+        assert not info.value.retryable
+
+
+@pytest.mark.postgres
+def test_a_git_queue_validates_a_real_commit(tmp_path: Path, migrated_dsn: str) -> None:
     import asyncio
     import subprocess
 
+    from store import Database
     from store.entities import BuildStatus
-    from tests.waiting import wait_until
+    from tests.waiting import wait_until_async
 
     def git(*args: str) -> str:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
@@ -491,14 +517,22 @@ def test_a_git_queue_validates_a_real_commit(tmp_path: Path) -> None:
                build_runner={**COMMAND_BR, "command": 'test "$(git rev-parse HEAD)" = '
                                                      '"$STOVEPIPE_HEAD_SHA"',
                              "work_dir": "builds"})
-    extensions = Extensions(load_queues(_write(tmp_path, doc)))
-    source_control, runner = extensions.source_control("q"), extensions.build_runner("q")
-    head = asyncio.run(source_control.head())
-    build_id = asyncio.run(runner.trigger(None, head, {"queue": "q"}))
-    wait_until(lambda: asyncio.run(runner.status(build_id)).status.is_terminal, timeout=30,
-               what="the build")
-    assert asyncio.run(runner.status(build_id)).status is BuildStatus.SUCCEEDED
-    asyncio.run(_promote(source_control, head))
+
+    async def validate() -> BuildStatus:
+        async with await Database.open(migrated_dsn, max_size=2) as db:
+            extensions = Extensions(load_queues(_write(tmp_path, doc)), db)
+            source_control, runner = extensions.source_control("q"), extensions.build_runner("q")
+            head = await source_control.head()
+            build_id = await runner.trigger(None, head, {"queue": "q"})
+
+            async def over() -> bool:
+                return (await runner.status(build_id)).status.is_terminal
+
+            await wait_until_async(over, within=30, what="the build")
+            await _promote(source_control, head)
+            return (await runner.status(build_id)).status
+
+    assert asyncio.run(validate()) is BuildStatus.SUCCEEDED
     assert git("rev-parse", "verified-main") == git("rev-parse", "main")
 
 

@@ -77,7 +77,7 @@ def test_one_request_costs_at_most_twelve_round_trips(migrated_dsn: str,
             configure=wire.configure, open=False)
         await pool.open(wait=True)
         db = Database(pool)
-        deps = Deps(db=db, queues=queues, extensions=Extensions(queues))
+        deps = Deps(db=db, queues=queues, extensions=Extensions(queues, db))
         costs = []
         try:
             for n in range(1, 4):  # the first, and steady state after a green bookmark

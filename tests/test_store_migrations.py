@@ -25,6 +25,7 @@ TABLES = {
     "validation_fact",
     "queue_counter",
     "parked_message",
+    "command_build",
     "webhook_delivery",
     "schema_migrations",
 }

@@ -71,7 +71,8 @@ class IngestClient:
         except BaseException:
             await self.close()
             raise
-        self._deps = Deps(db=self._db, queues=self.queues, extensions=Extensions(self.queues))
+        self._deps = Deps(db=self._db, queues=self.queues,
+                          extensions=Extensions(self.queues, self._db))
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,

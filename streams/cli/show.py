@@ -93,7 +93,7 @@ def fact_command(queue: str, commit: str, queues_file: Path | None, as_json: boo
     async def run() -> GreenAnswer:
         db = await open_db()
         try:
-            deps = Deps(db=db, queues=queues, extensions=Extensions(queues))
+            deps = Deps(db=db, queues=queues, extensions=Extensions(queues, db))
             try:
                 uri = await gate.resolve_commit(deps, queue, commit)
                 return await gate.green_answer(deps, queue, uri)

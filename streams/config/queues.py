@@ -32,6 +32,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
+from store import Database
 from streams.config import settings as settings_mod
 from streams.config.names import (
     InvalidQueueName,
@@ -153,39 +154,48 @@ class _TopLevel(Section):
 # --- extensions -------------------------------------------------------------------------
 
 
-def _context(queue: QueueConfig) -> ExtensionContext:
-    home = settings_mod.load_settings().home
+def _context(queue: QueueConfig, database: Database | None) -> ExtensionContext:
+    settings = settings_mod.load_settings()
+    home = settings.home
     return ExtensionContext(queue=queue.name, home=home,
                             git_cache=queue.source_control.shared_git_cache(home),
-                            repository=queue.source_control.shared_repository())
+                            repository=queue.source_control.shared_repository(),
+                            database=database, host=settings.host_id)
 
 
-def make_source_control(queue: QueueConfig) -> SourceControl:
-    return queue.source_control.build(_context(queue))
+def make_source_control(queue: QueueConfig, database: Database | None = None) -> SourceControl:
+    return queue.source_control.build(_context(queue, database))
 
 
-def make_build_runner(queue: QueueConfig) -> BuildRunner:
-    return queue.build_runner.build(_context(queue))
+def make_build_runner(queue: QueueConfig, database: Database | None = None) -> BuildRunner:
+    return queue.build_runner.build(_context(queue, database))
 
 
 class Extensions:
-    """Each queue's SourceControl and BuildRunner, built on first use and then reused."""
+    """Each queue's SourceControl and BuildRunner, built on first use and then reused.
 
-    def __init__(self, config: QueuesConfig) -> None:
+    ``database`` is the worker's (extensions that share state across hosts keep it
+    there, e.g. the command build runner); None only where no build runs or is asked
+    about (a configuration check), and such a runner then refuses to work."""
+
+    def __init__(self, config: QueuesConfig, database: Database | None) -> None:
         self.config = config
+        self.database = database
         self._source_controls: dict[str, SourceControl] = {}
         self._build_runners: dict[str, BuildRunner] = {}
 
     def source_control(self, queue: str) -> SourceControl:
         """Raises UnknownQueue."""
         if queue not in self._source_controls:
-            self._source_controls[queue] = make_source_control(self.config.get(queue))
+            self._source_controls[queue] = make_source_control(self.config.get(queue),
+                                                               self.database)
         return self._source_controls[queue]
 
     def build_runner(self, queue: str) -> BuildRunner:
         """Raises UnknownQueue."""
         if queue not in self._build_runners:
-            self._build_runners[queue] = make_build_runner(self.config.get(queue))
+            self._build_runners[queue] = make_build_runner(self.config.get(queue),
+                                                           self.database)
         return self._build_runners[queue]
 
     async def aclose(self) -> None:

@@ -7,6 +7,7 @@ can override the environment. The local stack (`stovepipe dev up`) listens on th
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ ENV_API_TOKEN = "STOVEPIPE_API_TOKEN"  # noqa: S105 - the variable's name, not a
 ENV_SWEEP_INTERVAL = "STOVEPIPE_SWEEP_INTERVAL"
 ENV_MAX_IN_FLIGHT = "STOVEPIPE_MAX_IN_FLIGHT"
 ENV_DB_POOL = "STOVEPIPE_DB_POOL"
+ENV_HOST_ID = "STOVEPIPE_HOST_ID"
 
 LOCAL_KAFKA_PORT = 19092
 LOCAL_KAFKA_CONTROLLER_PORT = 19093
@@ -47,18 +49,33 @@ class Settings:
     home: Path
     kafka_from_env: bool
     postgres_from_env: bool
+    host_id: str = ""  # set by load_settings (`host_id`)
 
 
 def load_settings() -> Settings:
     kafka = os.environ.get(ENV_KAFKA_BOOTSTRAP, "").strip()
     dsn = os.environ.get(ENV_POSTGRES_DSN, "").strip()
+    home = Path(os.environ.get(ENV_HOME) or Path.home() / ".stovepipe")
     return Settings(
         kafka_bootstrap=kafka or LOCAL_KAFKA_BOOTSTRAP,
         postgres_dsn=dsn or LOCAL_POSTGRES_DSN,
         topic_prefix=os.environ.get(ENV_TOPIC_PREFIX, DEFAULT_TOPIC_PREFIX),
         topics_file=Path(os.environ.get(ENV_TOPICS_FILE) or REPO_ROOT / "topics.yaml"),
         queues_file=Path(os.environ.get(ENV_QUEUES_FILE) or REPO_ROOT / "queues.yaml"),
-        home=Path(os.environ.get(ENV_HOME) or Path.home() / ".stovepipe"),
+        home=home,
         kafka_from_env=bool(kafka),
         postgres_from_env=bool(dsn),
+        host_id=host_id(home),
     )
+
+
+def host_id(home: Path) -> str:
+    """This worker's host: what owns the builds it starts on this machine (the command
+    build runner). ``STOVEPIPE_HOST_ID`` when set, else ``<hostname>:<resolved home>``, so
+    two workers with different homes on one machine are two hosts, and two with the same
+    home are one (they share its build directories)."""
+    explicit = os.environ.get(ENV_HOST_ID, "").strip()
+    if explicit:
+        return explicit
+    return f"{socket.gethostname()}:{home.expanduser().resolve()}"
+

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from store import Database
 
 
 @dataclass(frozen=True)
@@ -23,3 +27,7 @@ class ExtensionContext:
     home: Path  # $STOVEPIPE_HOME: caches and work directories default to below it
     git_cache: Path  # where the queue's remote repositories are cached (shared by kinds)
     repository: str | None = None  # the queue's repository, when its source control has one
+    # the worker's database, for extensions whose state every host must see (None: a
+    # caller without one, e.g. a configuration check; such an extension refuses to work)
+    database: Database | None = None
+    host: str = ""  # this worker's host id (`STOVEPIPE_HOST_ID`, else hostname and home)

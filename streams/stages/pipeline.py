@@ -4,6 +4,7 @@ runs them (`open_pipeline_deps`). The worker process itself is assembled by
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,19 @@ from contract import BuildRequest, BuildSignal, IngestRequest, ProcessRequest, R
 from store import Database
 from streams.config.queues import Extensions, load_queues
 from streams.config.settings import DEFAULT_DB_POOL
+from streams.runtime.classify import is_outage
+from streams.runtime.logs import bounded
 from streams.runtime.periodic import PeriodicTask
-from streams.runtime.stage import Park, Stage, park_into
+from streams.runtime.stage import Park, Publisher, Stage, park_into
 from streams.stages import build, buildsignal, ingest, process, reconcile, record, sweeper
 from streams.stages.deps import Deps
 
 DEFAULT_SWEEP_INTERVAL = 5.0
+# seconds between two tends of the build runners (a command runner's heartbeat): well
+# below any host_timeout
+TEND_INTERVAL = 2.0
+
+log = logging.getLogger("stovepipe.pipeline")
 
 STAGES: tuple[Stage[Any], ...] = (
     Stage("ingest", IngestRequest, ingest.handle_ingest),
@@ -35,8 +43,28 @@ STAGES: tuple[Stage[Any], ...] = (
 
 def periodic_tasks(
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL) -> tuple[PeriodicTask[Deps], ...]:
-    """What a pipeline worker does on a timer: the sweeper (design §6, liveness)."""
-    return (PeriodicTask("sweeper", sweep_interval, sweeper.sweep),)
+    """What a pipeline worker does on a timer: the sweeper (design §6, liveness), and the
+    tend of the build runners that run builds on this host."""
+    return (PeriodicTask("sweeper", sweep_interval, sweeper.sweep),
+            PeriodicTask("tend_build_runners", TEND_INTERVAL, tend_build_runners))
+
+
+async def tend_build_runners(deps: Deps, publish: Publisher) -> None:
+    """Call ``tend()`` on every configured queue's build runner that has one (the command
+    runner: launch, watch and heartbeat the builds this host owns). Runners are built
+    here if need be, so a restarted worker resumes its builds before any message asks. A
+    failing runner does not keep the others from their tend; an outage ends the round."""
+    for queue in deps.queues.names():
+        tend = getattr(deps.extensions.build_runner(queue), "tend", None)
+        if tend is None:
+            continue
+        try:
+            await tend()
+        except Exception as exc:
+            if is_outage(exc):
+                raise
+            log.error("tend_failed queue=%s error=%s", queue,
+                      bounded(f"{type(exc).__name__}: {exc}"))
 
 
 OpenPipelineDeps = Callable[[], Awaitable[tuple[Deps, Park, Callable[[], Awaitable[None]]]]]
@@ -52,7 +80,7 @@ def open_pipeline_deps(dsn: str, queues_file: Path | str | None = None,
         # sudden backlog handlers would queue for connections for seconds (measured)
         db = await Database.open(dsn, min_size=pool_size, max_size=pool_size,
                                  name="stovepipe-worker")
-        deps = Deps(db=db, queues=queues, extensions=Extensions(queues))
+        deps = Deps(db=db, queues=queues, extensions=Extensions(queues, db))
 
         async def close() -> None:
             await deps.extensions.aclose()

@@ -1,13 +1,37 @@
 """The command BuildRunner: a shell command run in a clean checkout of the head commit
-(design §8).
+(design §8), on the host that triggered it, with its state shared by every host.
 
-Builds run detached from the worker, and everything about one lives in files, so any
-worker process on the machine can poll or cancel any build, and a build outlives the
-worker that started it. A build id is ``cmd-<32 hex digits>``; its state directory is
+Two truths, each with one writer:
+
+- **The build's row** (``command_build`` in PostgreSQL, `store.command_builds`) is what
+  every host reads: owning ``host``, status and reason, pid/pgid/start time, exit code,
+  the tail of the log, ``heartbeat_at``, ``cancel_requested_at``. So `status` and
+  `cancel` answer on any worker on any machine.
+- **The files under ``work_dir``** on the owning host are the truth about the process;
+  only that host (`LocalBuilds`) launches, watches and stops it.
+
+The owner writes what it observes into the row: on every trigger, status and cancel it
+handles, and in `tend`, which the worker runs every few seconds for every command runner.
+A tend launches queued builds into free slots, stops builds past their timeout, applies
+cancels other hosts asked for, records changes (status, exit code, log tail), and renews
+the heartbeat of all its live builds in one statement. Another host's `status` reads the
+row; a live build whose heartbeat is older than ``host_timeout`` (by the database's clock)
+is failed there and then, reason ``host_lost`` (compare-and-set: whoever decides first
+decides). Another host's `cancel` writes ``cancel_requested_at``; the owner's next tend
+stops the build and records it ``cancelled``. A terminal status is write-once, so an owner
+that comes back after being declared lost finds its build failed and stops it: a lost
+build is never reported green afterwards.
+
+Bound: a host that dies (or loses the database) has its builds reported failed by the
+first poll after ``host_timeout`` since its last heartbeat, i.e. within ``host_timeout``
+plus the queue's ``poll_delay_running``; when the dead host's worker was also the one
+polling, add the time Kafka takes to hand its partitions over (the session timeout, 10 s).
+
+A build id is ``cmd-<32 hex digits>``; its state directory on the owner is
 ``<work_dir>/<build id>/``:
 
 - ``build.json``  what to run: head/base URIs and shas, clone source, command, queue,
-  request id, queued_at (written once, at trigger);
+  request id, queued_at (written once, at trigger, before the row);
 - ``launching``   the build is being started (written just before the launch);
 - ``pid``, ``pgid``, ``start_time``  the build's wrapper shell, its process group (the
   build's own session) and its start time from ``/proc/<pid>/stat`` (clock ticks since
@@ -15,7 +39,7 @@ worker that started it. A build id is ``cmd-<32 hex digits>``; its state directo
   written last: present means all three are;
 - ``log``         the build's stdout and stderr, kept after the build;
 - ``exit_code``   written by the wrapper shell when the command ends (tmp file + rename);
-- ``cancelled`` / ``timed_out``  markers written by `cancel` / by a poll past ``timeout``;
+- ``cancelled`` / ``timed_out``  markers written by a cancel / by a poll past ``timeout``;
 - ``checkout/``   the clean checkout the command runs in, removed once the build is over.
 
 Status, from those files alone: a ``cancelled`` (``timed_out``) marker written before any
@@ -35,97 +59,73 @@ the checkout (``git clone --shared --no-checkout`` from the repository or its ca
 ``checkout --detach <sha>``: a fresh directory per build, sharing objects, never reused)
 and runs ``sh -c <command>`` there.
 
+Triggering: the state directory is written first (invisible: nothing launches it), then
+the row is inserted (its unique trigger key makes a trigger repeated after a crash, on
+any host, return the build already started), then the build is queued locally. A crash
+between the row and the queueing is repaired by the owner's next tend.
+
 Bounded concurrency: at most ``max_parallel`` builds of one work_dir run at once. A trigger
 over the bound is *queued*, not refused: it reports ``accepted`` and starts, oldest first,
-when a later trigger, status poll or cancel on the same work_dir finds a free slot. (A
-retryable error instead would spend the build stage's retry budget while the runner is
-merely busy, and a few busy minutes would dead-letter Requests; the buildsignal poll loop
-already waits on ``accepted`` builds, and the queue's poll deadline still bounds the wait.)
-Admission, launching and every status decision happen under an exclusive ``flock`` on
-``<work_dir>/admission.lock``; builds queued or running are listed in ``<work_dir>/active/``
-so a poll reads only those, never the whole history.
+when a tend, trigger, status poll or cancel on the owner finds a free slot. (A retryable
+error instead would spend the build stage's retry budget while the runner is merely
+busy; the buildsignal poll loop already waits on ``accepted`` builds, and the queue's poll
+deadline still bounds the wait.) Admission, launching and every status decision happen
+under an exclusive ``flock`` on ``<work_dir>/admission.lock``; builds queued or running
+are listed in ``<work_dir>/active/`` so a poll reads only those, never the whole history.
 
-Every poll also tidies up: a build that is over loses its checkout (its log stays) and any
-process it left behind; a running build past ``timeout`` is stopped (SIGTERM, then SIGKILL
-after ``kill_grace``) and reported failed.
+Every sweep also tidies up: a build that is over loses its checkout (its log stays) and
+any process it left behind; a running build past ``timeout`` is stopped (SIGTERM, then
+SIGKILL after ``kill_grace``) and reported failed.
+
+A build started by a version of Stovepipe without rows (found active under the work_dir
+with no row) is adopted by its host: given a row in its current state.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import fcntl
-import hashlib
-import json
-import os
+import logging
 import re
 import signal
-import subprocess
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field
 from pydantic.dataclasses import dataclass as spec_dataclass
 
-from store.entities import BuildStatus
+from store.command_builds import CommandBuildStore, Observation
+from store.entities import BuildStatus, CommandBuild
+from store.errors import NotFound
 from streams.extensions import ExtensionContext
 from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
-from streams.extensions.buildrunner.processes import (
-    BUILD_FILE,
-    CANCELLED,
-    CHECKOUT,
-    EXIT_CODE,
-    LAUNCHER,
-    LAUNCHING,
-    LOG,
-    PGID,
-    PID,
-    START_TIME,
-    TIMED_OUT,
-    WRAPPER,
-    BuildProcess,
-    build_environment,
-    group_members,
-    leader_alive,
-    mtime_ns,
-    read_int,
-    read_process,
-    remove_trees,
-    stat_fields,
-    write_atomically,
+from streams.extensions.buildrunner.local_builds import (
+    ACTIVE_DIR,
+    LAUNCH_ABORTED_EXIT_CODE,
+    LocalBuilds,
+    Observed,
 )
+from streams.extensions.buildrunner.processes import CHECKOUT, LOG
 from streams.extensions.sourcecontrol.contract import SourceControlError
 from streams.extensions.sourcecontrol.gitrepo import GitRepository, Repository
 from streams.extensions.sourcecontrol.gituri import parse_uri
 from streams.schema.fields import SPEC, ConfigPath, Duration, PositiveInt
 
+if TYPE_CHECKING:
+    from store import Database
+
+__all__ = ["ACTIVE_DIR", "CHECKOUT", "LAUNCH_ABORTED_EXIT_CODE", "CommandBuildRunner",
+           "CommandBuildRunnerSpec", "default_work_dir"]
+
 BUILD_ID_PREFIX = "cmd-"
 DEFAULT_MAX_PARALLEL = 2
 DEFAULT_KILL_GRACE = 10.0  # seconds between SIGTERM and SIGKILL
-LAUNCH_ABORTED_EXIT_CODE = 125  # the wrapper's code when it could not start the command
-ACTIVE_DIR = "active"
-KEYS_DIR = "keys"  # trigger key (hashed) -> the build started for it
-LOCK_FILE = "admission.lock"
+DEFAULT_HOST_TIMEOUT = 60.0  # seconds without a heartbeat before a build is failed
 _BUILD_ID = re.compile(r"cmd-[0-9a-f]{32}")
-_STOP_POLL_INTERVAL = 0.05
 
-@dataclass(frozen=True)
-class _Observed:
-    status: BuildStatus
-    reason: str  # queued, running, exit_code, cancelled, timeout, vanished
-    exit_code: int | None = None
-    process: BuildProcess | None = None
-    alive: bool = False  # the wrapper still runs
-
-    def report(self, log: Path) -> BuildReport:
-        metadata = {"runner": "command", "reason": self.reason, "log": str(log)}
-        if self.exit_code is not None:
-            metadata["exit_code"] = str(self.exit_code)
-        return BuildReport(self.status, metadata)
+log = logging.getLogger("stovepipe.buildrunner.command")
 
 
 # --- queues.yaml --------------------------------------------------------------------------
@@ -149,6 +149,8 @@ class CommandBuildRunnerSpec:
     work_dir: ConfigPath | None = None  # None: $STOVEPIPE_HOME/builds/<queue>
     max_parallel: PositiveInt = DEFAULT_MAX_PARALLEL  # builds of the work_dir at once
     timeout: Duration | None = None  # then the build is stopped and failed
+    # a live build whose host has not heartbeated for this long is failed
+    host_timeout: Duration = timedelta(seconds=DEFAULT_HOST_TIMEOUT)
     kind: Literal["command"] = "command"
 
     def build(self, context: ExtensionContext) -> CommandBuildRunner:
@@ -159,6 +161,8 @@ class CommandBuildRunnerSpec:
         return CommandBuildRunner(
             self.command, repository,
             self.work_dir or default_work_dir(context.home, context.queue),
+            database=context.database, host=context.host,
+            host_timeout=self.host_timeout.total_seconds(),
             queue=context.queue, max_parallel=self.max_parallel,
             timeout=self.timeout.total_seconds() if self.timeout is not None else None,
             cache_root=context.git_cache)
@@ -172,20 +176,26 @@ def default_work_dir(home: Path, queue: str) -> Path:
 
 class CommandBuildRunner:
     """Runs ``command`` with ``sh -c`` in a clean checkout of the head commit of
-    ``repository`` (a local path or a URL, read as GitRepository reads it), with the build's
-    state under ``work_dir`` (see the module docstring).
+    ``repository`` (a local path or a URL, read as GitRepository reads it), on this
+    ``host``, with the build's process state under ``work_dir`` and its shared state in
+    ``database`` (see the module docstring).
 
     ``max_parallel`` builds of the work_dir run at once, the rest queue; ``timeout``
     (seconds, optional) fails a build that runs longer; ``kill_grace`` is how long a
-    stopped build gets between SIGTERM and SIGKILL. ``queue`` names the queue in the
-    build's environment when the trigger metadata does not.
+    stopped build gets between SIGTERM and SIGKILL; ``host_timeout`` is how long a build's
+    owner may go without a heartbeat before other hosts report the build failed. ``queue``
+    names the queue in the build's environment when the trigger metadata does not.
 
     File work happens in worker threads and git in subprocesses: nothing blocks the loop.
-    Errors: a malformed or unknown build id, or a head commit the repository does not
-    have, is a non-retryable BuildRunnerError; an unreachable remote is retryable.
+    Errors: a malformed or unknown build id, a head commit the repository does not have,
+    or a runner built without a database is a non-retryable BuildRunnerError; an
+    unreachable remote is retryable; database errors pass through (the runtime
+    classifies them).
     """
 
     def __init__(self, command: str, repository: str, work_dir: Path | str, *,
+                 database: Database | None, host: str,
+                 host_timeout: float = DEFAULT_HOST_TIMEOUT,
                  queue: str = "", max_parallel: int = DEFAULT_MAX_PARALLEL,
                  timeout: float | None = None, kill_grace: float = DEFAULT_KILL_GRACE,
                  cache_root: Path | str | None = None) -> None:
@@ -195,24 +205,38 @@ class CommandBuildRunner:
             raise ValueError(f"max_parallel must be at least 1, got {max_parallel}")
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
+        if host_timeout <= 0:
+            raise ValueError(f"host_timeout must be positive, got {host_timeout}")
+        if database is not None and not host.strip():
+            raise ValueError("a command build runner needs this worker's host id")
         self.command = command
         self.repo = GitRepository(repository, cache_root=cache_root)
         self.work_dir = Path(work_dir).expanduser().absolute()
+        self.database = database
+        self.host = host
+        self.host_timeout = host_timeout
         self.queue = queue
         self.max_parallel = max_parallel
         self.timeout = timeout
         self.kill_grace = kill_grace
-        self._admission_lock: asyncio.Lock | None = None
-        self._admission_loop: asyncio.AbstractEventLoop | None = None
+        self.local = LocalBuilds(self.work_dir, max_parallel=max_parallel, timeout=timeout,
+                                 kill_grace=kill_grace)
 
     def __repr__(self) -> str:
         return (f"CommandBuildRunner({self.command!r}, repository={self.repo.repository!r}, "
-                f"work_dir={str(self.work_dir)!r}, max_parallel={self.max_parallel})")
+                f"work_dir={str(self.work_dir)!r}, host={self.host!r}, "
+                f"max_parallel={self.max_parallel})")
 
     # --- the contract ---
 
     async def trigger(self, base_uri: str | None, head_uri: str,
                       metadata: Mapping[str, str]) -> str:
+        rows = self._rows()
+        trigger_key = metadata.get("trigger_key") or None
+        if trigger_key is not None:
+            known = await rows.find_by_trigger_key(trigger_key)
+            if known is not None:  # a repeated trigger: the build started for it
+                return known.build_id
         try:
             head = parse_uri(head_uri)
             base_sha = parse_uri(base_uri).sha if base_uri else ""
@@ -225,254 +249,178 @@ class CommandBuildRunner:
             raise BuildRunnerError(f"command runner: {self.repo.repository} has no commit "
                                    f"{head.sha} (from {head_uri}); cannot build it")
         build_id = f"{BUILD_ID_PREFIX}{uuid.uuid4().hex}"
-        spec = {
-            "build_id": build_id,
-            "queue": metadata.get("queue") or self.queue,
-            "request_id": metadata.get("request_id", ""),
-            "head_uri": head_uri,
-            "base_uri": base_uri or "",
-            "head_sha": head.sha,
-            "base_sha": base_sha,
-            "source": str(source),
-            "command": self.command,
-            "queued_at": time.time(),
-        }
-        async with self._admission:
-            build_id, removals = await asyncio.to_thread(
-                self._enqueue, build_id, spec, metadata.get("trigger_key", ""))
-        await asyncio.to_thread(remove_trees, removals)
+        queue = metadata.get("queue") or self.queue
+        request_id = metadata.get("request_id", "")
+        await self.local.prepare(build_id, {
+            "build_id": build_id, "queue": queue, "request_id": request_id,
+            "head_uri": head_uri, "base_uri": base_uri or "", "head_sha": head.sha,
+            "base_sha": base_sha, "source": str(source), "command": self.command,
+            "queued_at": time.time()})
+        # should this fail after the row committed, the owner's tend queues the build
+        row, created = await rows.create_or_get(
+            build_id, queue=queue, request_id=request_id, trigger_key=trigger_key,
+            host=self.host, work_dir=str(self.work_dir))
+        if not created:  # a concurrent trigger of the same key won
+            await self.local.discard(build_id)
+            return row.build_id
+        await self.local.activate(build_id)
+        await self._reconcile(row)
         return build_id
 
     async def status(self, build_id: str) -> BuildReport:
-        self._check_id(build_id)
-        async with self._admission:
-            observed, removals = await asyncio.to_thread(self._poll, build_id)
-        await asyncio.to_thread(remove_trees, removals)
-        if observed.reason == "timeout" and observed.alive:
-            await self._stop(build_id)
-            async with self._admission:  # retire it and give its slot to the next build
-                _, removals = await asyncio.to_thread(self._poll, build_id)
-            await asyncio.to_thread(remove_trees, removals)
-        return observed.report(self._dir(build_id) / LOG)
+        row = await self._row(build_id)
+        if self._owns(row):
+            row = await self._reconcile(row, wait_for_stop=True)
+        elif not row.status.is_terminal and row.heartbeat_age > self.host_timeout:
+            row = await self._declare_lost(row)
+        return self._report(row)
 
     async def cancel(self, build_id: str) -> None:
-        self._check_id(build_id)
-        async with self._admission:
-            observed = await asyncio.to_thread(self._mark_cancelled, build_id)
-        if observed.process is not None and observed.status is BuildStatus.CANCELLED:
-            await self._stop(build_id)
-        async with self._admission:  # tidy up and give the freed slot to the next build
-            _, removals = await asyncio.to_thread(self._poll, build_id)
-        await asyncio.to_thread(remove_trees, removals)
+        row = await self._row(build_id)
+        if not self._owns(row):
+            if not row.status.is_terminal:  # the owner's tend stops it
+                await self._rows().request_cancel(build_id)
+            return
+        if not row.status.is_terminal:
+            observed = await self.local.mark_cancelled(build_id)
+            if observed.process is not None and observed.status is BuildStatus.CANCELLED:
+                await self.local.stop(build_id)
+        await self._reconcile(row)  # records it (a finished build stays as it ended)
 
-    @property
-    def _admission(self) -> asyncio.Lock:
-        """Lets one task of this process at a time wait on the work_dir's flock (each
-        waits in a thread). One lock per event loop: tests run several loops."""
-        loop = asyncio.get_running_loop()
-        if self._admission_lock is None or self._admission_loop is not loop:
-            self._admission_lock, self._admission_loop = asyncio.Lock(), loop
-        return self._admission_lock
+    async def tend(self) -> None:
+        """What the owner does every few seconds (the worker's periodic task): launch,
+        time out and retire builds, apply cancels asked for by other hosts, record what
+        changed, stop builds another host failed, and renew the heartbeat of all live
+        builds of this host under this work_dir (one statement)."""
+        rows = self._rows()
+        await self.local.sweep()
+        live = {row.build_id: row for row in
+                await rows.list_live(self.host, str(self.work_dir))}
+        unlisted = [b for b in await self.local.active_ids() if b not in live]
+        stored = await rows.get_many(unlisted) if unlisted else {}
+        for build_id in [*unlisted, *live]:
+            row = live.get(build_id) or stored.get(build_id)
+            try:
+                if row is None:
+                    await self._adopt(build_id)
+                elif self._owns(row):  # terminal ones among the unlisted: stopped here
+                    await self._reconcile(row, swept=True)
+            except (BuildRunnerError, OSError) as exc:
+                # one broken build must not stop the heartbeat of the others
+                log.error("command_build_tend_failed build_id=%s error=%s", build_id,
+                          f"{type(exc).__name__}: {exc}")
+        await rows.heartbeat(self.host, str(self.work_dir))
 
-    # --- the state directory ---
+    # --- the owner: local observations into the row ---
 
-    def _dir(self, build_id: str) -> Path:
-        return self.work_dir / build_id
+    def _owns(self, row: CommandBuild) -> bool:
+        return row.host == self.host and row.work_dir == str(self.work_dir)
 
-    def _check_id(self, build_id: str) -> None:
+    async def _reconcile(self, row: CommandBuild, *, wait_for_stop: bool = False,
+                         swept: bool = False) -> CommandBuild:
+        """Bring an owned build's row and process into agreement: the row's terminal
+        status wins (the process is stopped), otherwise the local observation is
+        recorded. ``swept``: the work_dir was just swept (the tend), so only look."""
+        build_id = row.build_id
+        if not await self.local.known(build_id):
+            if row.status.is_terminal:
+                return row
+            return await self._record(row, Observation(
+                BuildStatus.FAILED, "vanished", log_tail=row.log_tail,
+                detail=f"its state directory {self.local.dir(build_id)} is gone"))
+        observed = await (self.local.observe if swept else self.local.poll)(build_id)
+        if row.status.is_terminal:
+            if not observed.status.is_terminal:
+                # stopped like a cancelled build: sweeps escalate to SIGKILL
+                await self.local.mark_cancelled(build_id)
+                await self.local.signal(build_id, signal.SIGTERM)
+                log.warning("command_build_stopped build_id=%s status=%s reason=%s",
+                            build_id, row.status, row.reason)
+            return row
+        if row.cancel_requested_at is not None and not observed.status.is_terminal:
+            observed = await self.local.mark_cancelled(build_id)
+            await self.local.signal(build_id, signal.SIGTERM)
+        if observed.reason == "queued":
+            await self.local.activate(build_id)  # the trigger died before queueing it
+            observed = await self.local.observe(build_id)
+        if wait_for_stop and observed.reason == "timeout" and observed.alive:
+            await self.local.stop(build_id)
+            observed = await self.local.poll(build_id)  # retires it, frees its slot
+        return await self._record(row, await self._observation(build_id, observed))
+
+    async def _observation(self, build_id: str, observed: Observed) -> Observation:
+        process = observed.process
+        return Observation(
+            observed.status, observed.reason, exit_code=observed.exit_code,
+            pid=process.pid if process else None, pgid=process.pgid if process else None,
+            proc_start_time=process.start_time if process else None,
+            log_tail=await self.local.log_tail(build_id))
+
+    async def _record(self, row: CommandBuild, observed: Observation) -> CommandBuild:
+        if _same(row, observed):
+            return row
+        recorded = await self._rows().record(row.build_id, self.host, observed)
+        if recorded is not None:
+            return recorded
+        # another host decided first (a terminal status is write-once): that stays
+        latest = await self._rows().get(row.build_id)
+        return await self._reconcile(latest) if latest.status.is_terminal else latest
+
+    async def _adopt(self, build_id: str) -> CommandBuild:
+        """Give a build found here without a row (started by a version without rows)
+        one, in its current state."""
+        spec = await self.local.spec(build_id)
+        observed = await self._observation(build_id, await self.local.poll(build_id))
+        row, _ = await self._rows().create_or_get(
+            build_id, queue=str(spec.get("queue", self.queue)),
+            request_id=str(spec.get("request_id", "")), trigger_key=None, host=self.host,
+            work_dir=str(self.work_dir), observed=observed)
+        log.info("command_build_adopted build_id=%s status=%s", build_id, row.status)
+        return row
+
+    # --- any host ---
+
+    async def _declare_lost(self, row: CommandBuild) -> CommandBuild:
+        failed = await self._rows().fail_if_silent(row.build_id, self.host_timeout)
+        if failed is None:  # it heartbeated or ended meanwhile
+            return await self._rows().get(row.build_id)
+        log.warning("command_build_host_lost build_id=%s host=%s detail=%s",
+                    failed.build_id, failed.host, failed.detail)
+        return failed
+
+    async def _row(self, build_id: str) -> CommandBuild:
+        """The build's row; a build of this work_dir without one is adopted. Unknown or
+        malformed ids are a non-retryable BuildRunnerError."""
         if not _BUILD_ID.fullmatch(build_id):
             raise BuildRunnerError(f"not a command build id: {build_id!r} (want "
                                    f"{BUILD_ID_PREFIX}<32 hex digits>)")
-
-    def _spec(self, build_id: str) -> dict[str, Any]:
         try:
-            return json.loads((self._dir(build_id) / BUILD_FILE).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise BuildRunnerError(f"command runner: no build {build_id} under "
-                                   f"{self.work_dir}") from None
-        except (OSError, ValueError) as exc:
-            raise BuildRunnerError(f"command runner: build {build_id}: unreadable "
-                                   f"{BUILD_FILE}: {exc}") from None
+            return await self._rows().get(build_id)
+        except NotFound:
+            if await self.local.known(build_id):
+                return await self._adopt(build_id)
+            raise BuildRunnerError(f"command runner: no build {build_id}") from None
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """The work_dir's admission lock (blocking: call from a worker thread)."""
-        (self.work_dir / ACTIVE_DIR).mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.work_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
+    def _rows(self) -> CommandBuildStore:
+        if self.database is None:
+            raise BuildRunnerError(
+                "command runner: built without a database, so no host could see its "
+                "builds; it runs inside a worker, which passes its own")
+        return self.database.command_builds
 
-    # --- blocking halves, run in a worker thread under the lock ---
+    def _report(self, row: CommandBuild) -> BuildReport:
+        metadata = {"runner": "command", "reason": row.reason, "host": row.host,
+                    "log": str(Path(row.work_dir) / row.build_id / LOG),
+                    "log_tail": row.log_tail}
+        if row.exit_code is not None:
+            metadata["exit_code"] = str(row.exit_code)
+        if row.detail:
+            metadata["detail"] = row.detail
+        return BuildReport(row.status, metadata)
 
-    def _enqueue(self, build_id: str, spec: dict[str, Any],
-                 trigger_key: str) -> tuple[str, list[Path]]:
-        """Queue a new build, or return the one already queued for ``trigger_key`` (a
-        trigger repeated after a crash starts no second build)."""
-        with self._locked():
-            key_file = (self.work_dir / KEYS_DIR
-                        / hashlib.sha256(trigger_key.encode()).hexdigest())
-            if trigger_key:
-                known = key_file.read_text(encoding="utf-8").strip() \
-                    if key_file.exists() else ""
-                if known and (self._dir(known) / BUILD_FILE).exists():
-                    return known, []
-            state = self._dir(build_id)
-            state.mkdir()
-            write_atomically(state / BUILD_FILE, json.dumps(spec, indent=1))
-            if trigger_key:
-                key_file.parent.mkdir(exist_ok=True)
-                write_atomically(key_file, f"{build_id}\n")
-            (self.work_dir / ACTIVE_DIR / build_id).touch()
-            return build_id, self._sweep()
 
-    def _poll(self, build_id: str) -> tuple[_Observed, list[Path]]:
-        with self._locked():
-            self._spec(build_id)  # unknown → BuildRunnerError
-            removals = self._sweep()  # may launch this very build
-            observed = self._observe(build_id)
-            if (observed.status.is_terminal
-                    and (self.work_dir / ACTIVE_DIR / build_id).exists()):
-                removals += self._sweep()  # it ended just now: retire it before reporting
-            return observed, removals
-
-    def _mark_cancelled(self, build_id: str) -> _Observed:
-        with self._locked():
-            self._spec(build_id)
-            observed = self._observe(build_id)
-            if observed.status.is_terminal:
-                return observed  # a finished build stays as it ended; idempotent
-            write_atomically(self._dir(build_id) / CANCELLED, f"{time.time()!r}\n")
-            return self._observe(build_id)
-
-    def _sweep(self) -> list[Path]:
-        """Bring the active builds up to date (under the lock): stop those past their
-        timeout, retire the finished ones, and launch queued ones, oldest first, into the
-        free slots. Returns the checkouts to remove once the lock is released."""
-        removals: list[Path] = []
-        busy = 0
-        queued: list[tuple[float, str]] = []
-        for build_id in sorted(os.listdir(self.work_dir / ACTIVE_DIR)):
-            entry = self.work_dir / ACTIVE_DIR / build_id
-            try:
-                spec = self._spec(build_id)
-            except BuildRunnerError:
-                entry.unlink(missing_ok=True)  # not a build of ours
-                continue
-            observed = self._observe(build_id)
-            if observed.status is BuildStatus.ACCEPTED:
-                queued.append((float(spec.get("queued_at", 0.0)), build_id))
-            elif observed.status is BuildStatus.RUNNING:
-                busy += 1
-                if self._past_timeout(observed):
-                    write_atomically(self._dir(build_id) / TIMED_OUT, f"{time.time()!r}\n")
-                    self._signal(build_id, observed.process, signal.SIGTERM)
-            elif observed.alive and observed.reason in ("cancelled", "timeout"):
-                busy += 1  # being stopped: escalate once the grace period is over
-                if self._grace_over(build_id):
-                    self._signal(build_id, observed.process, signal.SIGKILL)
-            else:
-                # over; whatever it left running goes (a wrapper that wrote its exit code
-                # has nothing left to do but exit)
-                self._signal(build_id, observed.process, signal.SIGKILL)
-                entry.unlink(missing_ok=True)
-                removals.append(self._dir(build_id) / CHECKOUT)
-        for _, build_id in sorted(queued)[:max(0, self.max_parallel - busy)]:
-            self._launch(build_id)
-        return removals
-
-    def _observe(self, build_id: str) -> _Observed:
-        """The build's status from its files (see the module docstring for the rules)."""
-        state = self._dir(build_id)
-        process = read_process(state)
-        alive = process is not None and leader_alive(process)
-        # read after the liveness check: the wrapper writes its exit code, then exits
-        exit_code = read_int(state / EXIT_CODE)
-        code_at = mtime_ns(state / EXIT_CODE)
-        for marker, status, reason in ((CANCELLED, BuildStatus.CANCELLED, "cancelled"),
-                                       (TIMED_OUT, BuildStatus.FAILED, "timeout")):
-            marked_at = mtime_ns(state / marker)
-            if marked_at is not None and (code_at is None or code_at >= marked_at):
-                return _Observed(status, reason, exit_code, process, alive)
-        if exit_code is not None:
-            status = BuildStatus.SUCCEEDED if exit_code == 0 else BuildStatus.FAILED
-            return _Observed(status, "exit_code", exit_code, process, alive)
-        if process is None:
-            if (state / LAUNCHING).exists():  # the launching worker died mid-launch
-                return _Observed(BuildStatus.FAILED, "vanished")
-            return _Observed(BuildStatus.ACCEPTED, "queued")
-        if alive:
-            return _Observed(BuildStatus.RUNNING, "running", None, process, alive)
-        return _Observed(BuildStatus.FAILED, "vanished", None, process)
-
-    def _past_timeout(self, observed: _Observed) -> bool:
-        return (self.timeout is not None and observed.process is not None
-                and time.time() - observed.process.started_at > self.timeout)
-
-    def _grace_over(self, build_id: str) -> bool:
-        state = self._dir(build_id)
-        stamps = [t for t in (mtime_ns(state / CANCELLED), mtime_ns(state / TIMED_OUT))
-                  if t is not None]
-        return not stamps or time.time() - min(stamps) / 1e9 > self.kill_grace
-
-    def _launch(self, build_id: str) -> None:
-        """Start a queued build (under the lock). A failure to start fails the build."""
-        state = self._dir(build_id)
-        spec = self._spec(build_id)
-        (state / LAUNCHING).touch()
-        read_end, write_end = os.pipe()
-        try:
-            try:
-                launched = subprocess.run(
-                    ["/bin/sh", "-c", LAUNCHER, "stovepipe-launch", WRAPPER, str(state),
-                     spec["source"], spec["head_sha"], spec["command"], str(state / LOG)],
-                    stdin=read_end, capture_output=True, env=build_environment(spec),
-                    start_new_session=True, close_fds=True, timeout=30, check=True)
-                pid = int(launched.stdout.strip())
-                pgid, start_time = stat_fields(pid)
-            finally:
-                os.close(read_end)
-            write_atomically(state / PGID, f"{pgid}\n")
-            write_atomically(state / START_TIME, f"{start_time}\n")
-            write_atomically(state / PID, f"{pid}\n")  # last: the process is recorded
-            os.write(write_end, b"go\n")
-        except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
-            # the wrapper, if it started, reads end-of-file and exits without running
-            with (state / LOG).open("a", encoding="utf-8") as log:
-                log.write(f"stovepipe: could not start the build: {exc!r}\n")
-            write_atomically(state / EXIT_CODE, f"{LAUNCH_ABORTED_EXIT_CODE}\n")
-        finally:
-            os.close(write_end)
-
-    def _signal(self, build_id: str, process: BuildProcess | None, sig: int) -> None:
-        """Signal every process of the build: the whole group while its wrapper (checked
-        by start time) is alive, else each process still in the group that carries this
-        build's id in its environment — never a stranger that reused a number."""
-        if process is None:
-            return
-        if leader_alive(process):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pgid, sig)
-            return
-        for pid in group_members(process.pgid, build_id):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-
-    def _running_processes(self, build_id: str) -> bool:
-        process = read_process(self._dir(build_id))
-        return process is not None and (leader_alive(process)
-                                        or bool(group_members(process.pgid, build_id)))
-
-    async def _stop(self, build_id: str) -> None:
-        """SIGTERM the build's processes, SIGKILL what is left after the grace period."""
-        for sig, patience in ((signal.SIGTERM, self.kill_grace), (signal.SIGKILL, 5.0)):
-            process = await asyncio.to_thread(read_process, self._dir(build_id))
-            await asyncio.to_thread(self._signal, build_id, process, sig)
-            deadline = time.monotonic() + patience
-            while time.monotonic() < deadline:
-                if not await asyncio.to_thread(self._running_processes, build_id):
-                    return
-                await asyncio.sleep(_STOP_POLL_INTERVAL)
-
+def _same(row: CommandBuild, observed: Observation) -> bool:
+    return (row.status, row.reason, row.detail, row.pid, row.pgid, row.proc_start_time,
+            row.exit_code, row.log_tail) == (
+        observed.status, observed.reason, observed.detail, observed.pid, observed.pgid,
+        observed.proc_start_time, observed.exit_code, observed.log_tail)

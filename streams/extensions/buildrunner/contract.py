@@ -4,6 +4,10 @@ Each runner classifies its own failures: `BuildRunnerError.retryable` (e.g. HTTP
 5xx/429/408 from a hosted CI) or not (a bad configuration, a rejected trigger). A
 retryable error may say how long to wait first (`retry_after`, seconds: a provider's
 ``Retry-After``); the delivery runtime then retries no earlier than that.
+
+A runner whose builds run on the worker's own host may also have ``async def tend()``: the
+worker calls it every few seconds (`streams.stages.pipeline.tend_build_runners`) to
+watch, launch and heartbeat those builds (the command runner does).
 """
 
 from __future__ import annotations

@@ -1,0 +1,62 @@
+"""CommandBuildStore on the real database: the trigger key deduplicates across hosts, the
+owner's record and another host's "lost" verdict are compare-and-sets where the first
+decides, and a terminal status is write-once even for a hand-written UPDATE."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+from store import Database
+from store.command_builds import Observation
+from store.entities import BuildStatus
+
+pytestmark = pytest.mark.postgres
+
+RUNNING = Observation(BuildStatus.RUNNING, "running", pid=41, pgid=41, proc_start_time=7,
+                      log_tail="step one\n")
+
+
+def test_the_first_to_decide_a_build_decides_it(migrated_dsn: str) -> None:
+    async def run() -> None:
+        async with await Database.open(migrated_dsn, max_size=2) as db:
+            rows = db.command_builds
+            made, created = await rows.create_or_get(
+                "cmd-1", queue="q", request_id="request/q/1", trigger_key="request/q/1",
+                host="host-a", work_dir="/w")
+            assert created and (made.status, made.reason, made.host) == (
+                BuildStatus.ACCEPTED, "queued", "host-a")
+            again, created = await rows.create_or_get(
+                "cmd-2", queue="q", request_id="request/q/1", trigger_key="request/q/1",
+                host="host-b", work_dir="/elsewhere")
+            assert not created and again.build_id == "cmd-1"  # host B's repeat: A's build
+
+            running = await rows.record("cmd-1", "host-a", RUNNING)
+            assert running is not None and running.started_at is not None
+            assert await rows.record("cmd-1", "host-b", RUNNING) is None  # not B's build
+            assert await rows.fail_if_silent("cmd-1", 30.0) is None  # heartbeat is fresh
+            assert await rows.heartbeat("host-a", "/w") == 1
+            assert await rows.heartbeat("host-a", "/other") == 0
+
+            async with db.pool.connection() as conn:
+                await conn.execute("UPDATE command_build SET heartbeat_at = now()"
+                                   " - interval '40 seconds' WHERE build_id = 'cmd-1'")
+            lost = await rows.fail_if_silent("cmd-1", 30.0)
+            assert lost is not None and (lost.status, lost.reason) == (BuildStatus.FAILED,
+                                                                       "host_lost")
+            assert lost.detail.startswith("host host-a stopped heartbeating (last seen ")
+            assert lost.detail.endswith(" s before it was declared lost)")
+            # the owner comes back with good news: too late
+            done = Observation(BuildStatus.SUCCEEDED, "exit_code", exit_code=0)
+            assert await rows.record("cmd-1", "host-a", done) is None
+            assert (await rows.get("cmd-1")).status is BuildStatus.FAILED
+            assert (await rows.request_cancel("cmd-1")).cancel_requested_at is None
+            assert await rows.list_live("host-a", "/w") == []
+            with pytest.raises(psycopg.errors.IntegrityError, match="write-once"):
+                async with db.pool.connection() as conn:
+                    await conn.execute("UPDATE command_build SET status = 'succeeded'"
+                                       " WHERE build_id = 'cmd-1'")
+
+    asyncio.run(run())
