@@ -27,6 +27,7 @@ from store._base import ConnectionSource
 from store.builds import BuildStore
 from store.counters import CounterStore
 from store.facts import FactStore
+from store.notifications import NotificationStore
 from store.parked import ParkedStore
 from store.queues import QueueStore
 from store.request_uris import RequestUriStore
@@ -46,6 +47,7 @@ class Stores:
         self.counters = CounterStore(source)
         self.parked = ParkedStore(source)
         self.steps = StepStore(source)
+        self.notifications = NotificationStore(source)
 
 
 class _PoolSource:
