@@ -22,6 +22,7 @@ ENV_API_TOKEN = "STOVEPIPE_API_TOKEN"  # noqa: S105 - the variable's name, not a
 ENV_SWEEP_INTERVAL = "STOVEPIPE_SWEEP_INTERVAL"
 ENV_MAX_IN_FLIGHT = "STOVEPIPE_MAX_IN_FLIGHT"
 ENV_DB_POOL = "STOVEPIPE_DB_POOL"
+ENV_PUBLIC_URL = "STOVEPIPE_PUBLIC_URL"  # where people reach the dashboard and API
 
 LOCAL_KAFKA_PORT = 19092
 LOCAL_KAFKA_CONTROLLER_PORT = 19093
@@ -47,6 +48,7 @@ class Settings:
     home: Path
     kafka_from_env: bool
     postgres_from_env: bool
+    public_url: str | None = None  # e.g. https://stovepipe.example.com; links need it
 
 
 def load_settings() -> Settings:
@@ -61,4 +63,5 @@ def load_settings() -> Settings:
         home=Path(os.environ.get(ENV_HOME) or Path.home() / ".stovepipe"),
         kafka_from_env=bool(kafka),
         postgres_from_env=bool(dsn),
+        public_url=os.environ.get(ENV_PUBLIC_URL, "").strip().rstrip("/") or None,
     )

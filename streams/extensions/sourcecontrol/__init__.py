@@ -5,6 +5,7 @@ kind by writing its module (a spec class with ``kind`` and ``build``, and the ex
 and adding its spec here.
 """
 
+from streams.extensions.sourcecontrol.commits import commit_sha
 from streams.extensions.sourcecontrol.contract import (
     CommitNotFound,
     PromotionMoved,
@@ -19,4 +20,4 @@ from streams.extensions.sourcecontrol.git import GitSourceControlSpec
 SourceControlSpec = FakeSourceControlSpec | GitSourceControlSpec
 
 __all__ = ["CommitNotFound", "PromotionMoved", "SourceControl", "SourceControlError",
-           "SourceControlSpec", "UnknownRef"]
+           "SourceControlSpec", "UnknownRef", "commit_sha"]
