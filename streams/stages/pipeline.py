@@ -14,7 +14,17 @@ from streams.config.queues import Extensions, load_queues
 from streams.config.settings import DEFAULT_DB_POOL
 from streams.runtime.periodic import PeriodicTask
 from streams.runtime.stage import Park, Stage, park_into
-from streams.stages import build, buildsignal, ingest, process, reconcile, record, sweeper
+from streams.stages import (
+    build,
+    buildsignal,
+    gauges,
+    ingest,
+    notify,
+    process,
+    reconcile,
+    record,
+    sweeper,
+)
 from streams.stages.deps import Deps
 
 DEFAULT_SWEEP_INTERVAL = 5.0
@@ -35,8 +45,11 @@ STAGES: tuple[Stage[Any], ...] = (
 
 def periodic_tasks(
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL) -> tuple[PeriodicTask[Deps], ...]:
-    """What a pipeline worker does on a timer: the sweeper (design §6, liveness)."""
-    return (PeriodicTask("sweeper", sweep_interval, sweeper.sweep),)
+    """What a pipeline worker does on a timer: the sweeper (design §6, liveness), the
+    sender of commit statuses and alerts with the staleness judge, and the lag gauges."""
+    return (PeriodicTask("sweeper", sweep_interval, sweeper.sweep),
+            PeriodicTask("notify", notify.INTERVAL, notify.send_notifications),
+            PeriodicTask("gauges", sweep_interval, gauges.refresh_gauges))
 
 
 OpenPipelineDeps = Callable[[], Awaitable[tuple[Deps, Park, Callable[[], Awaitable[None]]]]]

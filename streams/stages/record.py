@@ -41,8 +41,12 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
     degree = DEGREE[request.state]
     # where the promotion ref is, read before the bookmark is checked (see _promote)
     target = await _promotion_target(ctx, request.queue) if degree == 0.0 else None
+    config = deps.queue_config(request.queue)
+    # the fact, the bookmark, the queue's greenness and what they notify: one statement
     recorded = await deps.db.steps.record_fact(request.queue, request.uri,
-                                               request_id=request.id, degree=degree)
+                                               request_id=request.id, degree=degree,
+                                               status_channels=config.status_channels,
+                                               alert_channels=config.alert_channels)
     fact = recorded.fact
     if fact is None:  # a concurrent delivery's fact, not visible to the statement yet
         fact = await deps.db.facts.get(request.queue, request.uri)
