@@ -284,7 +284,6 @@ WITH candidate AS (
        AND (latest_request_id IS NULL OR request_seq(latest_request_id) <= %(seq)s)
        AND last_green_request_id IS NOT DISTINCT FROM %(last_green)s
     RETURNING name
-)
 ), admitted AS (
     UPDATE request r SET state = 'processing', build_strategy = %(strategy)s,
                          base_uri = %(base_uri)s, version = r.version + 1,

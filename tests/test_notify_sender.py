@@ -36,7 +36,7 @@ async def _sink(key: str, payload: Any) -> None:
 
 
 @pytest.fixture
-def services() -> Iterator[FakeServices]:
+def fake() -> Iterator[FakeServices]:
     with fake_services() as running:
         yield running
 
@@ -105,18 +105,18 @@ def _count(channel: str, outcome: str) -> float:
                                      {"channel": channel, "outcome": outcome}) or 0.0
 
 
-def _env(monkeypatch: pytest.MonkeyPatch, services: FakeServices, token: str) -> None:
+def _env(monkeypatch: pytest.MonkeyPatch, fake: FakeServices, token: str) -> None:
     monkeypatch.setenv(TOKEN_ENV, token)
-    monkeypatch.setenv(WEBHOOK_ENV, services.webhook_url)
-    monkeypatch.setenv(SLACK_ENV, services.slack_url)
+    monkeypatch.setenv(WEBHOOK_ENV, fake.webhook_url)
+    monkeypatch.setenv(SLACK_ENV, fake.slack_url)
     monkeypatch.setenv("STOVEPIPE_PUBLIC_URL", "https://stovepipe.example/")
 
 
 def test_a_bad_token_is_given_up_with_its_reason_and_never_shown(
-        migrated_dsn: str, tmp_path: Path, services: FakeServices,
+        migrated_dsn: str, tmp_path: Path, fake: FakeServices,
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     wrong = "ghp_wrong_token_SECRET_42"
-    _env(monkeypatch, services, wrong)
+    _env(monkeypatch, fake, wrong)
     before = _count("github_status", "given_up")
 
     async def body(deps: Deps) -> None:
@@ -129,17 +129,17 @@ def test_a_bad_token_is_given_up_with_its_reason_and_never_shown(
         assert row["last_error"] == 'GitHub answered HTTP 401: {"message": "Bad credentials"}'
         assert (await notify.send_notifications(deps, _sink)).results == []  # never again
 
-    _run(migrated_dsn, _queues(tmp_path, services.github_api), body)
-    assert [r.answered for r in services.requests(GITHUB)] == [401]
-    assert services.requests(GITHUB)[0].headers["Authorization"] == f"Bearer {wrong}"
+    _run(migrated_dsn, _queues(tmp_path, fake.github_api), body)
+    assert [r.answered for r in fake.requests(GITHUB)] == [401]
+    assert fake.requests(GITHUB)[0].headers["Authorization"] == f"Bearer {wrong}"
     assert _count("github_status", "given_up") == before + 1
     assert wrong not in caplog.text and "given_up" in caplog.text
 
 
 def test_rate_limits_outages_hangs_and_missing_secrets_are_retried(
-        migrated_dsn: str, tmp_path: Path, services: FakeServices,
+        migrated_dsn: str, tmp_path: Path, fake: FakeServices,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    _env(monkeypatch, services, services.token)
+    _env(monkeypatch, fake, fake.token)
     monkeypatch.setattr(notify_http, "DEFAULT_TIMEOUT", 0.5)
 
     async def body(deps: Deps) -> None:
@@ -153,35 +153,35 @@ def test_rate_limits_outages_hangs_and_missing_secrets_are_retried(
             assert row["outcome"] is None and row["last_error"] == expected_error
             return row
 
-        services.set(GITHUB, status=429, retry_after="7")
+        fake.set(GITHUB, status=429, retry_after="7")
         row = await attempt('GitHub answered HTTP 429: {"message": "scripted failure"}')
         assert 5 < row["due_in"] <= 7.5  # the service's Retry-After, not our backoff
-        services.set(GITHUB, status=502)
+        fake.set(GITHUB, status=502)
         row = await attempt('GitHub answered HTTP 502: {"message": "scripted failure"}')
         assert row["due_in"] <= notify.backoff(2) + 0.5
-        services.set(GITHUB, hang=True)
+        fake.set(GITHUB, hang=True)
         await attempt("GitHub did not answer within 0.5 s")
-        services.release()
-        services.set(GITHUB)
+        fake.release()
+        fake.set(GITHUB)
         monkeypatch.delenv(TOKEN_ENV)
         deps.extensions._notifiers.clear()
         await attempt(f"github_status: environment variable {TOKEN_ENV} is not set")
-        monkeypatch.setenv(TOKEN_ENV, services.token)
+        monkeypatch.setenv(TOKEN_ENV, fake.token)
         await _make_due(deps.db)
         assert (await notify.send_notifications(deps, _sink)).results == [(key, "sent")]
         row = await _row(deps.db, key)
         assert row["outcome"] == "sent" and row["attempts"] == 5
 
-    _run(migrated_dsn, _queues(tmp_path, services.github_api), body)
-    answered = [r.answered for r in services.requests(GITHUB)]
-    assert answered[:2] == [429, 502] and answered[-1] == 201
-    assert len(services.delivered(GITHUB)) == 1
+    _run(migrated_dsn, _queues(tmp_path, fake.github_api), body)
+    # the post that timed out reached GitHub all the same once it stopped hanging: a
+    # timeout cannot tell, so the status is posted again (the same status; harmless)
+    assert [r.answered for r in fake.requests(GITHUB)] == [429, 502, 201, 201]
 
 
 def test_a_refused_connection_is_retried(migrated_dsn: str, tmp_path: Path,
-                                         services: FakeServices,
+                                         fake: FakeServices,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    _env(monkeypatch, services, services.token)
+    _env(monkeypatch, fake, fake.token)
     closed = f"http://127.0.0.1:{free_ports(1)[0]}/github"
 
     async def body(deps: Deps) -> None:
@@ -195,39 +195,39 @@ def test_a_refused_connection_is_retried(migrated_dsn: str, tmp_path: Path,
 
 
 def test_a_commits_final_status_waits_for_its_pending_one(
-        migrated_dsn: str, tmp_path: Path, services: FakeServices,
+        migrated_dsn: str, tmp_path: Path, fake: FakeServices,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """GitHub shows the last status posted: `success` must never be overtaken by the
     `pending` before it, so a stream's rows go out one after another, in order."""
-    _env(monkeypatch, services, services.token)
+    _env(monkeypatch, fake, fake.token)
 
     async def body(deps: Deps) -> None:
         pending = await _status(deps.db, "request/q/1", "pending", "pending")
         final = await _status(deps.db, "request/q/1", "success", "final")
         other = await _status(deps.db, "request/q/2", "pending", "pending",
                               uri="fake://r/q-main/c2")
-        services.set(GITHUB, status=500)
+        fake.set(GITHUB, status=500)
         report = await notify.send_notifications(deps, _sink)
-        assert sorted(report.results) == [(other, "retried"), (pending, "retried")]
+        assert sorted(report.results) == [(pending, "retried"), (other, "retried")]
         await _make_due(deps.db)
         assert {k for k, _ in (await notify.send_notifications(deps, _sink)).results} \
             == {pending, other}  # the final status still waits
         assert (await _row(deps.db, final))["attempts"] == 0
-        services.set(GITHUB)
+        fake.set(GITHUB)
         await _make_due(deps.db)
         assert sorted((await notify.send_notifications(deps, _sink)).results) \
-            == [(other, "sent"), (pending, "sent")]
+            == [(pending, "sent"), (other, "sent")]
         assert (await notify.send_notifications(deps, _sink)).results == [(final, "sent")]
 
-    _run(migrated_dsn, _queues(tmp_path, services.github_api), body)
-    posted = [r.body["state"] for r in services.requests(GITHUB, answered=201)
+    _run(migrated_dsn, _queues(tmp_path, fake.github_api), body)
+    posted = [r.body["state"] for r in fake.requests(GITHUB, answered=201)
               if r.path == "/github/repos/acme/mono/statuses/c1"]
     assert posted == ["pending", "success"]
 
 
-def test_alert_bodies(migrated_dsn: str, tmp_path: Path, services: FakeServices,
+def test_alert_bodies(migrated_dsn: str, tmp_path: Path, fake: FakeServices,
                       monkeypatch: pytest.MonkeyPatch) -> None:
-    _env(monkeypatch, services, services.token)
+    _env(monkeypatch, fake, fake.token)
     event = {"kind": "alert", "event": "red", "queue": "q", "request_id": "request/q/2",
              "uri": "fake://r/q-main/c2-fail", "previous": "green",
              "at": "2026-01-01T00:00:00+00:00"}
@@ -238,12 +238,12 @@ def test_alert_bodies(migrated_dsn: str, tmp_path: Path, services: FakeServices,
         assert sorted(r for _, r in (await notify.send_notifications(deps, _sink)).results) \
             == ["sent", "sent"]
 
-    _run(migrated_dsn, _queues(tmp_path, services.github_api), body)
+    _run(migrated_dsn, _queues(tmp_path, fake.github_api), body)
     link = "https://stovepipe.example/api/requests/request/q/2"
-    assert services.delivered(WEBHOOK) == [{
+    assert fake.delivered(WEBHOOK) == [{
         "event": "red", "queue": "q", "uri": "fake://r/q-main/c2-fail", "sha": "c2-fail",
         "request_id": "request/q/2", "previous": "green", "at": "2026-01-01T00:00:00+00:00",
         "link": link}]
-    assert services.delivered(SLACK) == [{
+    assert fake.delivered(SLACK) == [{
         "text": f":red_circle: Stovepipe: q is RED at c2-fail (request/q/2; was green). "
                 f"<{link}|details>"}]

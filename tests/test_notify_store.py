@@ -192,17 +192,19 @@ def test_stale_once_per_bookmark_and_reset_when_it_moves(migrated_dsn: str,
         for _ in range(5):  # judges again (every worker, every round): nothing more
             assert await notifications.judge_staleness(rule) == (0, 0)
         stale = await q.rows("alert:")
-        assert [key for key, _ in stale] == ["alert:webhook:stale:1", "alert:slack:stale:1"]
+        assert sorted(key for key, _ in stale) == ["alert:slack:stale:1",
+                                                   "alert:webhook:stale:1"]
         event = stale[0][1]
         assert (event["event"], event["request_id"], event["uri"], event["latest_request_id"]) \
-            == ("stale", r1.id, r1.uri, "request/q/3")
+            == ("stale", r1.id, r1.uri, r2.id)  # the newest head when it went stale
 
         # the bookmark moves: fresh again, and the clock restarts from the new green fact
         await _green(q, r2)
         assert await notifications.judge_staleness(rule) == (0, 1)
         await _until(went_stale, "the queue to go stale again behind its new bookmark")
-        assert [key for key, _ in await q.rows("alert:")][2:] == [
-            "alert:webhook:stale:2", "alert:slack:stale:2"]
+        assert sorted(key for key, _ in await q.rows("alert:"))[2:] == [
+            "alert:webhook:stale:1", "alert:webhook:stale:2"]
+        assert len(await q.rows("alert:")) == 4
         assert (await notifications.lags(["q"]))[0].heads_since_green == 1
 
     _run(tmp_path, migrated_dsn, ["q"], body)
@@ -249,7 +251,10 @@ def test_notifications_cost_no_round_trip(migrated_dsn: str, tmp_path: Path) -> 
     async def run() -> dict[str, list[int]]:
         wire = Wire(Path(tempfile.mkdtemp(dir=tmp_path)))
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            migrated_dsn, min_size=1, max_size=1, kwargs={"autocommit": True},
+            migrated_dsn, min_size=1, max_size=1,
+            # statements are never prepared here: psycopg prepares one on its sixth run,
+            # which would land on whichever queue's Request happens to run it
+            kwargs={"autocommit": True, "prepare_threshold": None},
             configure=wire.configure, open=False)
         await pool.open(wait=True)
         deps = Deps(db=Database(pool), queues=queues, extensions=Extensions(queues))
@@ -257,7 +262,7 @@ def test_notifications_cost_no_round_trip(migrated_dsn: str, tmp_path: Path) -> 
         try:
             for n, sha in enumerate(("c1", "c2-fail", "c3", "c4"), start=1):
                 for queue in costs:
-                    repo.push(f"{queue}-main", sha)
+                    repo.push(f"{queue}-main", f"{queue}-{sha}")
                     outbox: list[tuple[str, Any]] = []
 
                     async def publish(key: str, payload: Any,

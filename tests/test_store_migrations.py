@@ -26,6 +26,8 @@ TABLES = {
     "queue_counter",
     "parked_message",
     "schema_migrations",
+    "notification",  # 0006: commit statuses and alerts
+    "queue_health",
 }
 
 

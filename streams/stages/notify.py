@@ -12,9 +12,10 @@ rate limit, a timeout, a refused connection) is tried again after a capped backo
 after the service's Retry-After, forever; any other is given up with its reason on the
 row. A queue without ``notify`` costs nothing here; without any, the task reads nothing.
 
-Delivery is once per cause, except in one window: a sender that dies (or outlives its
+Delivery is once per cause, except in two windows: a sender that dies (or outlives its
 lease, `LEASE`, much longer than a request's timeout) after the service accepted a post
-and before the row is marked sent posts it again when the row comes back. A commit status
+and before the row is marked sent posts it again when the row comes back; and a post that
+timed out may have reached the service all the same, and is retried. A commit status
 posted twice is the same status; an alert is delivered twice.
 """
 
