@@ -28,6 +28,7 @@ from store.builds import BuildStore
 from store.command_builds import CommandBuildStore
 from store.counters import CounterStore
 from store.facts import FactStore
+from store.notifications import NotificationStore
 from store.parked import ParkedStore
 from store.queues import QueueStore
 from store.request_uris import RequestUriStore
@@ -50,6 +51,7 @@ class Stores:
         self.parked = ParkedStore(source)
         self.steps = StepStore(source)
         self.webhook_deliveries = WebhookDeliveryStore(source)
+        self.notifications = NotificationStore(source)
 
 
 class _PoolSource:

@@ -16,6 +16,7 @@ FROM x)``), which also orders them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import LiteralString
 
@@ -160,47 +161,62 @@ class StepStore(Store):
 
     async def admit(self, request: Request, *, strategy: BuildStrategy,
                     base_uri: str | None, max_concurrent: int,
-                    last_green_request_id: str | None) -> Request | None:
+                    last_green_request_id: str | None,
+                    status_channels: Sequence[str] = ()) -> Request | None:
         """process: take a slot of the Request's queue and move the Request to
         `processing` with its build strategy, in one statement — only if the Request is
         still the one read (same version, `accepted`), the queue has a free slot, no newer
         Request is the queue's latest, and the bookmark the strategy was decided from
         (``last_green_request_id``) has not moved. None when any of that no longer holds:
-        nothing was written; read again and decide again."""
+        nothing was written; read again and decide again. With ``status_channels`` the
+        Request's `pending` commit status joins the outbox in the same statement."""
         if (strategy is BuildStrategy.INCREMENTAL) != (base_uri is not None):
             raise ValueError(f"an incremental build needs a base URI and a full one takes "
                              f"none (got {strategy}, base_uri={base_uri!r})")
         row = await self._fetch_one(_ADMIT, {
             "queue": request.queue, "id": request.id, "version": request.version,
             "seq": request.seq, "max": max_concurrent, "last_green": last_green_request_id,
-            "strategy": strategy.value, "base_uri": base_uri},
+            "strategy": strategy.value, "base_uri": base_uri,
+            "status_channels": list(status_channels)},
             key={"queue": request.queue, "id": request.id})
         return _request(row) if row is not None else None
 
-    async def settle(self, build: Build, status: BuildStatus) -> Settled:
+    async def settle(self, build: Build, status: BuildStatus,
+                     status_channels: Sequence[str] = ()) -> Settled:
         """buildsignal: store a terminal ``status`` on the build (write-once: a terminal
         status stored first stays), and if the build's Request is still `processing`,
         stamp the outcome the stored status projects to and release the queue's slot —
         one statement, so the first terminal build of a Request settles it and every later
-        one finds it settled."""
+        one finds it settled. A Request settled `cancelled` gets no fact: with
+        ``status_channels`` its final commit status (`error`) joins the outbox here."""
         if not status.is_terminal:
             raise ValueError(f"settling needs a terminal status, got {status}")
         row = await self._fetch_one(_SETTLE, {
             "queue": build.queue, "id": build.id, "request_id": build.request_id,
-            "status": status.value}, key={"queue": build.queue, "id": build.id})
+            "status": status.value, "status_channels": list(status_channels)},
+            key={"queue": build.queue, "id": build.id})
         assert row is not None
         settled = _request_of(row) if row["id"] is not None else None
         return Settled(BuildStatus(row["build_status"]), settled)
 
     async def record_fact(self, queue: str, uri: str, *, request_id: str,
-                          degree: float) -> Recorded:
+                          degree: float, status_channels: Sequence[str] = (),
+                          alert_channels: Sequence[str] = ()) -> Recorded:
         """record: write the fact for ``uri`` (first fact wins: an existing one stays) and,
         when the stored fact is this Request's and green, move the bookmark to it unless
         it already names a newer Request — one statement. ``holds_bookmark`` is whether
-        this Request holds the bookmark afterwards (moved now or by an earlier delivery)."""
+        this Request holds the bookmark afterwards (moved now or by an earlier delivery).
+
+        A newly written fact also decides the queue's greenness, if its Request is the
+        newest (by ingest order) with a fact — a late fact of an older commit changes
+        nothing — and puts in the outbox, in the same statement, the Request's final
+        commit status (``status_channels``) and, when the greenness changed, an alert
+        (``alert_channels``): red on any change to red, including a queue's first fact;
+        green on a change from red. A redelivery writes no fact, so it adds nothing."""
         row = await self._fetch_one(_RECORD_FACT, {
             "queue": queue, "uri": uri, "project": "", "degree": check_degree(degree),
-            "request_id": request_id},
+            "request_id": request_id, "status_channels": list(status_channels),
+            "alert_channels": list(alert_channels)},
             key={"queue": queue, "uri": uri, "project": ""},
             request_key={"queue": queue, "id": request_id})
         if row is None:
@@ -268,11 +284,21 @@ WITH candidate AS (
        AND (latest_request_id IS NULL OR request_seq(latest_request_id) <= %(seq)s)
        AND last_green_request_id IS NOT DISTINCT FROM %(last_green)s
     RETURNING name
+), admitted AS (
+    UPDATE request r SET state = 'processing', build_strategy = %(strategy)s,
+                         base_uri = %(base_uri)s, version = r.version + 1,
+                         updated_at = now()
+     WHERE r.queue = %(queue)s AND r.id = %(id)s AND EXISTS (SELECT 1 FROM slot)
+    RETURNING {_REQUEST}
+), pending AS (
+    INSERT INTO notification (queue, key, channel, stream, event)
+    SELECT a.queue, 'status:' || ch || ':' || a.id || ':pending', ch, a.id,
+           jsonb_build_object('kind', 'status', 'state', 'pending', 'request_id', a.id,
+                              'uri', a.uri, 'at', now())
+      FROM admitted a CROSS JOIN unnest(%(status_channels)s::text[]) AS ch
+    ON CONFLICT (queue, key) DO NOTHING
 )
-UPDATE request r SET state = 'processing', build_strategy = %(strategy)s,
-                     base_uri = %(base_uri)s, version = r.version + 1, updated_at = now()
- WHERE r.queue = %(queue)s AND r.id = %(id)s AND EXISTS (SELECT 1 FROM slot)
-RETURNING {_REQUEST}
+SELECT * FROM admitted
 """)
 
 _SETTLE = _sql(f"""
@@ -296,6 +322,15 @@ WITH stamped AS (
                      version = version + 1, updated_at = now()
      WHERE name = %(queue)s AND EXISTS (SELECT 1 FROM settled)
     RETURNING name
+), ended_without_fact AS (
+    INSERT INTO notification (queue, key, channel, stream, event)
+    SELECT s.queue, 'status:' || ch || ':' || s.id || ':final', ch, s.id,
+           jsonb_build_object('kind', 'status', 'state', 'error', 'request_id', s.id,
+                              'uri', s.uri, 'description', 'its build was cancelled',
+                              'at', now())
+      FROM settled s CROSS JOIN unnest(%(status_channels)s::text[]) AS ch
+     WHERE s.state = 'cancelled'
+    ON CONFLICT (queue, key) DO NOTHING
 )
 SELECT (SELECT status FROM stored) AS build_status,
        (SELECT count(*) FROM released) AS slots_released, r.*
@@ -322,6 +357,38 @@ WITH inserted AS (
        AND (last_green_request_id IS NULL
             OR request_seq(last_green_request_id) < request_seq(%(request_id)s))
     RETURNING last_green_request_id
+), health AS (
+    INSERT INTO queue_health AS h (queue, greenness, decided_request_id, transitions)
+    SELECT queue, CASE WHEN degree = 0 THEN 'green' ELSE 'red' END, request_id, 1
+      FROM inserted
+    ON CONFLICT (queue) DO UPDATE
+       SET previous_greenness = h.greenness, greenness = EXCLUDED.greenness,
+           decided_request_id = EXCLUDED.decided_request_id,
+           transitions = h.transitions
+               + CASE WHEN h.greenness IS DISTINCT FROM EXCLUDED.greenness THEN 1 ELSE 0 END,
+           updated_at = now()
+     WHERE h.decided_request_id IS NULL
+        OR request_seq(h.decided_request_id) < request_seq(EXCLUDED.decided_request_id)
+    RETURNING greenness, previous_greenness, transitions
+), final_status AS (
+    INSERT INTO notification (queue, key, channel, stream, event)
+    SELECT i.queue, 'status:' || ch || ':' || i.request_id || ':final', ch, i.request_id,
+           jsonb_build_object('kind', 'status',
+                              'state', CASE WHEN i.degree = 0 THEN 'success' ELSE 'failure' END,
+                              'request_id', i.request_id, 'uri', i.uri,
+                              'degree', i.degree, 'at', i.created_at)
+      FROM inserted i CROSS JOIN unnest(%(status_channels)s::text[]) AS ch
+    ON CONFLICT (queue, key) DO NOTHING
+), alert AS (
+    INSERT INTO notification (queue, key, channel, stream, event)
+    SELECT i.queue, 'alert:' || ch || ':greenness:' || h.transitions, ch, 'alerts',
+           jsonb_build_object('kind', 'alert', 'event', h.greenness, 'queue', i.queue,
+                              'request_id', i.request_id, 'uri', i.uri,
+                              'previous', h.previous_greenness, 'at', i.created_at)
+      FROM inserted i CROSS JOIN health h CROSS JOIN unnest(%(alert_channels)s::text[]) AS ch
+     WHERE h.greenness IS DISTINCT FROM h.previous_greenness
+       AND (h.previous_greenness IS NOT NULL OR h.greenness = 'red')
+    ON CONFLICT (queue, key) DO NOTHING
 )
 SELECT f.*, (SELECT last_green_request_id FROM moved) AS moved_to,
        (SELECT last_green_request_id FROM queue WHERE name = %(queue)s) AS holder_before

@@ -28,6 +28,8 @@ TABLES = {
     "command_build",
     "webhook_delivery",
     "schema_migrations",
+    "notification",  # 0006: commit statuses and alerts
+    "queue_health",
 }
 
 

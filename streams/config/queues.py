@@ -23,6 +23,7 @@ file, so a configuration means the same from any working directory.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -43,6 +44,8 @@ from streams.config.names import (
 from streams.config.webhooks import HostedPath, WebhooksConfig, load_webhooks
 from streams.extensions import ExtensionContext
 from streams.extensions.buildrunner import BuildRunner, BuildRunnerSpec
+from streams.extensions.notify import Notifier, NotifyError, NotifySpec, build_notifier
+from streams.extensions.notify import github_repository as _github_repository
 from streams.extensions.sourcecontrol import SourceControl, SourceControlSpec
 from streams.schema.fields import Duration, KindInfo, PositiveInt, Problems, Section, read_yaml
 
@@ -64,7 +67,18 @@ class QueueConfig:
     poll_delay_queued: timedelta = timedelta(seconds=5)  # between polls of a queued build
     poll_delay_running: timedelta = timedelta(seconds=2)  # between polls of a running one
     poll_deadline: timedelta = timedelta(hours=1)  # then cancelled and counted failed
+    notify: NotifySpec | None = None  # commit statuses and alerts; None: none
     webhook_repository: str | None = None  # what push webhooks name its repository by
+
+    @property
+    def status_channels(self) -> tuple[str, ...]:
+        """The channels a Request's commit statuses go to (empty: none)."""
+        return self.notify.status_channels if self.notify is not None else ()
+
+    @property
+    def alert_channels(self) -> tuple[str, ...]:
+        """The channels the queue's transition alerts go to (empty: none)."""
+        return self.notify.alert_channels if self.notify is not None else ()
 
     def hosted_repository(self) -> str | None:
         """The repository's path as push webhooks name it (``acme/monorepo``): the
@@ -133,7 +147,8 @@ class QueueFields(Section):
         Field(discriminator="kind"),
         KindInfo("build_runner", _EXAMPLES["build_runner"]),
     ] | None = None
-
+    # replaced whole, like source_control and build_runner
+    notify: NotifySpec | None = None
 
     @field_validator("source_control", "build_runner", mode="before")
     @classmethod
@@ -183,6 +198,7 @@ class Extensions:
         self.database = database
         self._source_controls: dict[str, SourceControl] = {}
         self._build_runners: dict[str, BuildRunner] = {}
+        self._notifiers: dict[tuple[str, str], Notifier] = {}
 
     def source_control(self, queue: str) -> SourceControl:
         """Raises UnknownQueue."""
@@ -204,6 +220,20 @@ class Extensions:
             close = getattr(runner, "aclose", None)
             if close is not None:
                 await close()
+
+    def notifier(self, queue: str, channel: str) -> Notifier:
+        """The queue's notifier of ``channel``, its secrets read from the environment.
+        Raises UnknownQueue; NotifyError when the queue no longer has the channel
+        (permanent) or a secret's variable is not set (retryable)."""
+        key = (queue, channel)
+        if key not in self._notifiers:
+            notify = self.config.get(queue).notify
+            spec = notify.channel(channel) if notify is not None else None
+            if spec is None:
+                raise NotifyError(f"queue {queue!r} has no notify.{channel} any more",
+                                  retryable=False)
+            self._notifiers[key] = build_notifier(spec, os.environ)
+        return self._notifiers[key]
 
 
 # --- loading ----------------------------------------------------------------------------
@@ -298,5 +328,23 @@ def _merge(name: str, where: str, entry: QueueFields, defaults: QueueFields,
             return None
         build_runner = dataclasses.replace(build_runner, repository=repository)
     knobs = {k: pick(k) for k in _KNOBS if pick(k) is not None}
+    notify = _notify(pick("notify"), source_control, where, problems)
     return QueueConfig(name=name, source_control=source_control, build_runner=build_runner,
-                       **knobs)
+                       notify=notify, **knobs)
+
+
+def _notify(notify: NotifySpec | None, source_control: SourceControlSpec, where: str,
+            problems: Problems) -> NotifySpec | None:
+    """The queue's notify section, its GitHub repository taken from the queue's git
+    repository when not given."""
+    if notify is None or notify.github_status is None or notify.github_status.repository:
+        return notify
+    repository = _github_repository(source_control.shared_repository())
+    if repository is None:
+        problems.add(f"{where}.notify.github_status",
+                     "missing 'repository' (owner/name), and the queue's source_control is "
+                     "not a github.com repository it could be taken from, e.g. "
+                     "repository: acme/monorepo")
+        return None
+    status = dataclasses.replace(notify.github_status, repository=repository)
+    return dataclasses.replace(notify, github_status=status)

@@ -24,6 +24,7 @@ ENV_SWEEP_INTERVAL = "STOVEPIPE_SWEEP_INTERVAL"
 ENV_MAX_IN_FLIGHT = "STOVEPIPE_MAX_IN_FLIGHT"
 ENV_DB_POOL = "STOVEPIPE_DB_POOL"
 ENV_HOST_ID = "STOVEPIPE_HOST_ID"
+ENV_PUBLIC_URL = "STOVEPIPE_PUBLIC_URL"  # where people reach the dashboard and API
 
 LOCAL_KAFKA_PORT = 19092
 LOCAL_KAFKA_CONTROLLER_PORT = 19093
@@ -50,6 +51,7 @@ class Settings:
     kafka_from_env: bool
     postgres_from_env: bool
     host_id: str = ""  # set by load_settings (`host_id`)
+    public_url: str | None = None  # e.g. https://stovepipe.example.com; links need it
 
 
 def load_settings() -> Settings:
@@ -66,6 +68,7 @@ def load_settings() -> Settings:
         kafka_from_env=bool(kafka),
         postgres_from_env=bool(dsn),
         host_id=host_id(home),
+        public_url=os.environ.get(ENV_PUBLIC_URL, "").strip().rstrip("/") or None,
     )
 
 

@@ -83,3 +83,26 @@ RECONCILED = Counter(
     "Requests a reconciler drove to failed.",
     ["stage"],
 )
+NOTIFICATIONS = Counter(
+    "stovepipe_notifications_total",
+    "Commit statuses and alerts by channel and what became of one delivery attempt: "
+    "sent, retried (will be tried again), given_up (a permanent refusal).",
+    ["channel", "outcome"],
+)
+BOOKMARK_AGE = Gauge(
+    "stovepipe_bookmark_age_seconds",
+    "Seconds since the queue's bookmarked last green commit got its green fact (no sample "
+    "before the queue's first green).",
+    ["queue"],
+)
+COMMITS_SINCE_GREEN = Gauge(
+    "stovepipe_commits_since_green",
+    "Heads ingested after the queue's bookmarked last green commit (its Requests newer "
+    "than the bookmark's): branch moves seen, not git commits.",
+    ["queue"],
+)
+PERIODIC_ROUNDS = Counter(
+    "stovepipe_periodic_rounds_total",
+    "Rounds of a worker's timed tasks (sweeper, notify, gauges), by how they ended.",
+    ["task", "outcome"],
+)

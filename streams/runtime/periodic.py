@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from streams.runtime import metrics
 from streams.runtime.classify import is_outage
 from streams.runtime.logs import bounded
 from streams.runtime.stage import Publisher
@@ -38,9 +39,11 @@ async def run_periodically(task: PeriodicTask[D], deps: D, publish: Publisher) -
         await asyncio.sleep(task.interval)
         try:
             await task.run(deps, publish)
+            metrics.PERIODIC_ROUNDS.labels(task=task.name, outcome="ok").inc()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the timer must outlive any one round
+            metrics.PERIODIC_ROUNDS.labels(task=task.name, outcome="failed").inc()
             if is_outage(exc):
                 outage_log.warning("periodic_round_waiting task=%s error=%s", task.name,
                                    bounded(f"{type(exc).__name__}: {exc}"))

@@ -149,7 +149,7 @@ def _translate(error: Any, root: Any, prefix: str) -> tuple[str, str]:
     ctx = error.get("ctx") or {}
     if kind in ("missing", "extra_forbidden", "unexpected_keyword_argument"):
         parent, node = _locate(root, loc[:-1], prefix)
-        node = _strip(node)  # an optional section: the section itself
+        node = _strip(node)  # an optional section: the model it holds
         name = str(loc[-1])
         if kind == "missing":
             example = _example(node, name)

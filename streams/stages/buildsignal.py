@@ -56,7 +56,7 @@ async def _poll(payload: BuildSignal, ctx: StageContext) -> Outcome:
 
     # stores the terminal status (write-once: one stored first stays), and the first
     # terminal build of the Request stamps its outcome and releases its slot
-    settled = await deps.db.steps.settle(build, status)
+    settled = await deps.db.steps.settle(build, status, config.status_channels)
     if settled.request is None:
         # another build or a reconciler settled the Request first: decide again from a
         # fresh read (which publishes to record if the Request has an outcome)

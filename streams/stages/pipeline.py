@@ -17,7 +17,17 @@ from streams.runtime.classify import is_outage
 from streams.runtime.logs import bounded
 from streams.runtime.periodic import PeriodicTask
 from streams.runtime.stage import Park, Publisher, Stage, park_into
-from streams.stages import build, buildsignal, ingest, process, reconcile, record, sweeper
+from streams.stages import (
+    build,
+    buildsignal,
+    gauges,
+    ingest,
+    notify,
+    process,
+    reconcile,
+    record,
+    sweeper,
+)
 from streams.stages.deps import Deps
 
 DEFAULT_SWEEP_INTERVAL = 5.0
@@ -43,10 +53,13 @@ STAGES: tuple[Stage[Any], ...] = (
 
 def periodic_tasks(
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL) -> tuple[PeriodicTask[Deps], ...]:
-    """What a pipeline worker does on a timer: the sweeper (design §6, liveness), and the
-    tend of the build runners that run builds on this host."""
+    """What a pipeline worker does on a timer: the sweeper (design §6, liveness), the
+    tend of the build runners that run builds on this host, the sender of commit statuses
+    and alerts with the staleness judge, and the lag gauges."""
     return (PeriodicTask("sweeper", sweep_interval, sweeper.sweep),
-            PeriodicTask("tend_build_runners", TEND_INTERVAL, tend_build_runners))
+            PeriodicTask("tend_build_runners", TEND_INTERVAL, tend_build_runners),
+            PeriodicTask("notify", notify.INTERVAL, notify.send_notifications),
+            PeriodicTask("gauges", sweep_interval, gauges.refresh_gauges))
 
 
 async def tend_build_runners(deps: Deps, publish: Publisher) -> None:

@@ -61,7 +61,8 @@ async def _process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
     # nothing is written and the decision is redone from a fresh read
     admitted = await deps.db.steps.admit(
         request, strategy=strategy, base_uri=base_uri, max_concurrent=config.max_concurrent,
-        last_green_request_id=queue.last_green_request_id)
+        last_green_request_id=queue.last_green_request_id,
+        status_channels=config.status_channels)
     if admitted is None:
         raise VersionMismatch("request", {"queue": request.queue, "id": request.id},
                               expected_version=request.version, actual_version=None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from contract import BuildRequest, BuildSignal, IngestRequest, ProcessRequest, Record
 from store import Build, NotFound, Request, RequestState
+from streams.config.queues import UnknownQueue
 from streams.runtime import ACK, Outcome, metrics
 from streams.runtime.logs import bounded
 from streams.stages.buildsignal import cancel_build, load_build
@@ -46,6 +47,11 @@ async def fail_request(ctx: StageContext, queue_name: str, request_id: str, *,
             if current.state is RequestState.PROCESSING:
                 queue = await tx.queues.get(current.queue)
                 await tx.queues.release_slot(queue)
+                # admitted, so its commit may show `pending`: it ends without a fact
+                await tx.notifications.add_status(
+                    current.queue, current.id, current.uri, state="error",
+                    description="its work could not be completed",
+                    channels=_status_channels(ctx, current.queue))
             failed = await tx.requests.transition(current, RequestState.FAILED)
         metrics.RECONCILED.labels(stage=ctx.stage).inc()
         ctx.log.warning("reconciled_to_failed was=%s", current.state)
@@ -57,6 +63,13 @@ async def fail_request(ctx: StageContext, queue_name: str, request_id: str, *,
         if not build.status.is_terminal:
             await cancel_build(ctx, build, f"its request is {settled.state}")
     return ACK
+
+
+def _status_channels(ctx: StageContext, queue: str) -> tuple[str, ...]:
+    try:
+        return ctx.deps.queue_config(queue).status_channels
+    except UnknownQueue:  # no longer configured: nothing to notify
+        return ()
 
 
 async def _named_request(deps: Deps, queue_name: str, request_id: str) -> Request:

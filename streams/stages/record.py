@@ -13,6 +13,7 @@ from store import (
     RequestState,
     ValidationFact,
 )
+from streams.config.queues import UnknownQueue
 from streams.extensions.sourcecontrol import CommitNotFound, PromotionMoved
 from streams.runtime import ACK, Outcome, metrics
 from streams.stages.deps import Deps, StageContext, load_request
@@ -41,8 +42,12 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
     degree = DEGREE[request.state]
     # where the promotion ref is, read before the bookmark is checked (see _promote)
     target = await _promotion_target(ctx, request.queue) if degree == 0.0 else None
+    statuses, alerts = _channels(deps, request.queue)
+    # the fact, the bookmark, the queue's greenness and what they notify: one statement
     recorded = await deps.db.steps.record_fact(request.queue, request.uri,
-                                               request_id=request.id, degree=degree)
+                                               request_id=request.id, degree=degree,
+                                               status_channels=statuses,
+                                               alert_channels=alerts)
     fact = recorded.fact
     if fact is None:  # a concurrent delivery's fact, not visible to the statement yet
         fact = await deps.db.facts.get(request.queue, request.uri)
@@ -53,6 +58,16 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
     if fact.is_green and recorded.holds_bookmark:
         await _promote(ctx, fact, target)
     return ACK
+
+
+def _channels(deps: Deps, queue: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Where the queue's statuses and alerts go; nowhere for a queue no longer configured
+    (its fact is still recorded)."""
+    try:
+        config = deps.queue_config(queue)
+    except UnknownQueue:
+        return (), ()
+    return config.status_channels, config.alert_channels
 
 
 async def _promotion_target(ctx: StageContext, queue: str) -> str | None:

@@ -5,6 +5,7 @@ kind by writing its module (a spec class with ``kind`` and ``build``, and the ex
 and adding its spec here.
 """
 
+from streams.extensions.sourcecontrol.commits import commit_sha
 from streams.extensions.sourcecontrol.contract import (
     AmbiguousCommit,
     CommitNotFound,
@@ -20,4 +21,4 @@ from streams.extensions.sourcecontrol.git import GitSourceControlSpec
 SourceControlSpec = FakeSourceControlSpec | GitSourceControlSpec
 
 __all__ = ["AmbiguousCommit", "CommitNotFound", "PromotionMoved", "SourceControl",
-           "SourceControlError", "SourceControlSpec", "UnknownRef"]
+           "SourceControlError", "SourceControlSpec", "UnknownRef", "commit_sha"]

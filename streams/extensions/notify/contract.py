@@ -1,0 +1,61 @@
+"""The Notifier contract: how one queue tells the outside world about its commits and its
+greenness (issue 11).
+
+A `Notice` is one thing to say — a commit status (`pending`, `success`, `failure`,
+`error`) or an alert (`red`, `green`, `stale`) — with the ids it is about. A notifier
+posts it to one channel (GitHub's commit statuses, a JSON webhook, a Slack incoming
+webhook) and classifies its own failures: `NotifyError.retryable` (HTTP 5xx, 408, 429,
+rate limits, timeouts, refused connections), optionally with how long the service asked
+to be left alone (`retry_after`); anything else is permanent and the notice is given up.
+
+Secrets (tokens, webhook URLs) are handed to a notifier by whoever builds it; they never
+appear in an error message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+STATUS_STATES = ("pending", "success", "failure", "error")
+ALERT_EVENTS = ("red", "green", "stale")
+
+
+class NotifyError(Exception):
+    """A notice was not delivered. Non-retryable unless marked."""
+
+    def __init__(self, message: str, *, retryable: bool = False,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One commit status or alert about ``queue``.
+
+    ``event`` is a status state (STATUS_STATES) for ``kind == "status"`` and an alert
+    event (ALERT_EVENTS) for ``kind == "alert"``. ``sha`` is the commit ``uri`` names
+    (None when its source control cannot say); ``link`` is where a person reads more (the
+    Request in Stovepipe's API), None without a public URL. ``at`` is when the cause was
+    recorded (ISO 8601). ``details`` carries what a kind adds: ``description`` for a
+    status; ``latest_request_id`` and ``behind_since`` for a stale alert."""
+
+    kind: Literal["status", "alert"]
+    event: str
+    queue: str
+    request_id: str | None
+    uri: str | None
+    sha: str | None
+    at: str
+    link: str | None = None
+    previous: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Notifier(Protocol):
+    async def send(self, notice: Notice) -> None:
+        """Deliver ``notice``; raise NotifyError when it was not delivered."""
+        ...

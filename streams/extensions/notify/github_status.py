@@ -1,0 +1,137 @@
+"""`github_status`: commit statuses on GitHub (REST: "Create a commit status").
+
+``POST {api_url}/repos/{owner}/{repo}/statuses/{sha}`` with
+``{"state", "target_url", "description", "context"}``, authenticated with a token that
+may write commit statuses (classic: ``repo:status``; fine-grained: "Commit statuses:
+write"). A Request's statuses: ``pending`` when it is admitted to build, then ``success``
+with a green fact, ``failure`` with a red one, ``error`` when it ended without a fact
+(cancelled, or failed by a reconciler). GitHub answers 201; 401/403/404/422 are permanent
+(a bad token, no access, an unknown repository or commit), 403 with a rate limit, 429 and
+5xx are retried.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar
+from urllib.parse import quote, urlsplit
+
+from pydantic import BeforeValidator
+from pydantic.dataclasses import dataclass as spec_dataclass
+
+from streams.extensions.notify.contract import Notice, NotifyError
+from streams.extensions.notify.http import post_json
+from streams.extensions.sourcecontrol.gituri import repository_identity
+from streams.schema.fields import SPEC, NonEmptyStr
+
+DEFAULT_API_URL = "https://api.github.com"
+DEFAULT_CONTEXT = "stovepipe/validation"
+API_VERSION = "2022-11-28"
+DESCRIPTION_LIMIT = 140  # GitHub keeps descriptions short
+_OWNER_REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_GITHUB_REMOTE = re.compile(
+    r"(?:https?://(?:[^/@]*@)?github\.com/|ssh://git@github\.com/|git@github\.com:)"
+    r"(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+?)(?:\.git)?/?")
+
+
+def env_name(value: object) -> str:
+    """The NAME of an environment variable (the secret stays in the environment)."""
+    if not isinstance(value, str) or not _ENV_NAME.fullmatch(value):
+        raise ValueError(f"expected the name of an environment variable (letters, digits "
+                         f"and '_', not starting with a digit), got {value!r}")
+    return value
+
+
+def _owner_repo(value: object) -> str:
+    if not isinstance(value, str) or not _OWNER_REPO.fullmatch(value):
+        raise ValueError(f"expected owner/name of a GitHub repository, e.g. acme/monorepo, "
+                         f"got {value!r}")
+    return value
+
+
+def _http_url(value: object) -> str:
+    parts = urlsplit(value) if isinstance(value, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc \
+            or parts.username or parts.password:
+        raise ValueError(f"expected an http(s) URL without credentials, got {value!r}")
+    return str(value).rstrip("/")
+
+
+EnvName = Annotated[str, BeforeValidator(env_name)]
+HttpUrl = Annotated[str, BeforeValidator(_http_url)]
+
+
+def github_repository(repository: str | None) -> str | None:
+    """owner/name when ``repository`` (a git URL) is on github.com; None otherwise."""
+    if repository is None:
+        return None
+    match = _GITHUB_REMOTE.fullmatch(repository_identity(repository))
+    return match["repo"] if match else None
+
+
+@spec_dataclass(frozen=True, config=SPEC)
+class GitHubStatusSpec:
+    """``notify.github_status`` in queues.yaml."""
+
+    token_env: EnvName
+    # owner/name; None: taken from the queue's git repository when it is on github.com
+    repository: Annotated[str, BeforeValidator(_owner_repo)] | None = None
+    api_url: HttpUrl = DEFAULT_API_URL
+    context: NonEmptyStr = DEFAULT_CONTEXT
+    channel: ClassVar[str] = "github_status"
+
+    def env_names(self) -> tuple[str, ...]:
+        return (self.token_env,)
+
+    def build(self, env: Mapping[str, str]) -> GitHubStatusNotifier:
+        if self.repository is None:
+            raise NotifyError("github_status has no repository", retryable=False)
+        return GitHubStatusNotifier(self.api_url, self.repository, env[self.token_env],
+                                    self.context)
+
+
+class GitHubStatusNotifier:
+    """Posts a commit status per status notice; alerts are not its business."""
+
+    def __init__(self, api_url: str, repository: str, token: str, context: str) -> None:
+        self.api_url, self.repository, self.context = api_url.rstrip("/"), repository, context
+        self._token = token
+
+    def __repr__(self) -> str:  # never the token
+        return f"GitHubStatusNotifier({self.api_url!r}, {self.repository!r})"
+
+    def body(self, notice: Notice) -> dict[str, Any]:
+        body: dict[str, Any] = {"state": notice.event, "context": self.context,
+                                "description": describe(notice)[:DESCRIPTION_LIMIT]}
+        if notice.link:
+            body["target_url"] = notice.link
+        return body
+
+    async def send(self, notice: Notice) -> None:
+        if notice.kind != "status":
+            raise NotifyError(f"github_status posts commit statuses, not {notice.kind}s")
+        if not notice.sha:
+            raise NotifyError(f"{notice.uri!r} names no commit GitHub could know")
+        owner, _, name = self.repository.partition("/")
+        url = (f"{self.api_url}/repos/{quote(owner, safe='')}/{quote(name, safe='')}"
+               f"/statuses/{quote(notice.sha, safe='')}")
+        await post_json("GitHub", url, self.body(notice), headers={
+            "Accept": "application/vnd.github+json",
+            "Authorization": f"Bearer {self._token}",
+            "X-GitHub-Api-Version": API_VERSION,
+            "User-Agent": "stovepipe",
+        })
+
+
+def describe(notice: Notice) -> str:
+    """The status's one-line description."""
+    request = notice.request_id or "?"
+    text = {"pending": f"Validating ({request})",
+            "success": f"Green: validated by {request}",
+            "failure": f"Red: the build failed ({request})"}.get(notice.event)
+    if text is None:
+        reason = notice.details.get("description") or "no result"
+        text = f"Ended without a result: {reason} ({request})"
+    return text

@@ -1,0 +1,65 @@
+"""`slack`: transition alerts to a Slack-compatible incoming webhook.
+
+POSTs ``{"text": ...}`` (Slack's incoming-webhook payload; Mattermost and others accept
+the same) to the URL held in the environment variable ``url_env`` — an incoming webhook
+URL is a secret, so it is never written in queues.yaml. Slack answers 200 ``ok``; 400
+(invalid_payload), 403 (action_prohibited), 404 (no_service, channel_not_found) and 410
+(channel_is_archived) are permanent, 429 and 5xx are retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from pydantic.dataclasses import dataclass as spec_dataclass
+
+from streams.extensions.notify.contract import Notice, NotifyError
+from streams.extensions.notify.github_status import EnvName
+from streams.extensions.notify.http import post_json
+from streams.schema.fields import SPEC
+
+
+@spec_dataclass(frozen=True, config=SPEC)
+class SlackSpec:
+    """``notify.slack`` in queues.yaml."""
+
+    url_env: EnvName
+    channel: ClassVar[str] = "slack"
+
+    def env_names(self) -> tuple[str, ...]:
+        return (self.url_env,)
+
+    def build(self, env: Mapping[str, str]) -> SlackNotifier:
+        return SlackNotifier(env[self.url_env])
+
+
+def alert_text(notice: Notice) -> str:
+    """One line a person reads in a channel."""
+    commit = (notice.sha or notice.uri or "?")[:12]
+    link = f" <{notice.link}|details>" if notice.link else ""
+    if notice.event == "stale":
+        since = notice.details.get("behind_since") or "?"
+        last = f"its last green commit {commit} ({notice.request_id})" \
+            if notice.request_id else "it has never been green and"
+        return (f":hourglass: Stovepipe: {notice.queue} is stale: {last} has been behind "
+                f"the branch head since {since} (newest head "
+                f"{notice.details.get('latest_request_id')}).{link}")
+    icon = ":red_circle:" if notice.event == "red" else ":large_green_circle:"
+    was = f"was {notice.previous}" if notice.previous else "first result"
+    return (f"{icon} Stovepipe: {notice.queue} is {notice.event.upper()} at {commit} "
+            f"({notice.request_id}; {was}).{link}")
+
+
+class SlackNotifier:
+    def __init__(self, url: str) -> None:
+        self._url = url
+
+    def __repr__(self) -> str:  # never the URL
+        return "SlackNotifier()"
+
+    async def send(self, notice: Notice) -> None:
+        if notice.kind != "alert":
+            raise NotifyError("slack posts alerts, not commit statuses")
+        await post_json("Slack", self._url, {"text": alert_text(notice)},
+                        headers={"User-Agent": "stovepipe"})

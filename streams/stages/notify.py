@@ -1,0 +1,144 @@
+"""Commit statuses and transition alerts: the outbox's sender, and the staleness judge
+(issue 11).
+
+The pipeline's stages never call GitHub or a webhook: the statement that makes a state
+change also writes what it notifies into the `notification` table (`store.steps`). This
+task, run by every worker about once a second, (1) judges the staleness of the queues
+with ``notify.stale_after`` (one statement: going stale writes its alert), then (2)
+claims a batch of due rows (``FOR UPDATE SKIP LOCKED`` and a lease, so workers share the
+work and a crashed sender's rows come back after the lease), posts each to its channel
+and records the result. A failure the notifier classifies as retryable (5xx, 408, 429, a
+rate limit, a timeout, a refused connection) is tried again after a capped backoff, or
+after the service's Retry-After, forever; any other is given up with its reason on the
+row. A queue without ``notify`` costs nothing here; without any, the task reads nothing.
+
+Delivery is once per cause, except in two windows: a sender that dies (or outlives its
+lease, `LEASE`, much longer than a request's timeout) after the service accepted a post
+and before the row is marked sent posts it again when the row comes back; and a post that
+timed out may have reached the service all the same, and is retried. A commit status
+posted twice is the same status; an alert is delivered twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import quote
+
+from store.notifications import Notification, StaleRule
+from streams.config.queues import UnknownQueue
+from streams.config.settings import load_settings
+from streams.extensions.notify import Notice, NotifyError
+from streams.extensions.sourcecontrol import commit_sha
+from streams.runtime import metrics
+from streams.runtime.logs import bounded
+from streams.runtime.stage import Publisher
+from streams.stages.deps import Deps
+from streams.stages.kit import seconds
+
+log = logging.getLogger("stovepipe.notify")
+
+INTERVAL = 1.0  # seconds between two rounds of a worker
+BATCH = 50  # rows claimed per round
+LEASE = 60.0  # seconds a claimed row is left to its sender
+RETRY_BASE, RETRY_CAP = 1.0, 60.0  # backoff after attempt n: base * 2**(n-1), capped
+RETRY_AFTER_CAP = 600.0  # the longest a service's Retry-After is honoured
+
+Result = Literal["sent", "retried", "given_up"]
+
+
+@dataclass
+class NotifyReport:
+    went_stale: int = 0
+    freshened: int = 0
+    results: list[tuple[str, Result]] = field(default_factory=list)  # (key, result)
+
+
+def backoff(attempts: int, retry_after: float | None = None) -> float:
+    if retry_after is not None:
+        return min(max(retry_after, RETRY_BASE), RETRY_AFTER_CAP)
+    return min(RETRY_BASE * 2 ** max(attempts - 1, 0), RETRY_CAP)
+
+
+async def send_notifications(deps: Deps, publish: Publisher) -> NotifyReport:
+    report = NotifyReport()
+    configs = [deps.queues.get(name) for name in deps.queues.names()]
+    notifying = [c for c in configs if c.notify is not None]
+    if not notifying:
+        return report
+    rules = [StaleRule(c.name, seconds(c.notify.stale_after), c.alert_channels)
+             for c in notifying if c.notify is not None and c.notify.stale_after]
+    report.went_stale, report.freshened = await deps.db.notifications.judge_staleness(rules)
+    if report.went_stale:
+        log.warning("queues_went_stale count=%d", report.went_stale)
+
+    due = await deps.db.notifications.claim_due(BATCH, LEASE)
+    public_url = load_settings().public_url
+    outcomes = await asyncio.gather(*(_deliver(deps, row, public_url) for row in due))
+    report.results = [(row.key, result) for row, (result, _) in zip(due, outcomes,
+                                                                    strict=True)]
+    retried = [(row, error) for row, (result, error) in zip(due, outcomes, strict=True)
+               if result == "retried"]
+    if retried:  # one line per round, however many rows a down service holds back
+        log.warning("notifications_retrying count=%d first=%s error=%s", len(retried),
+                    bounded(retried[0][0].key), bounded(retried[0][1]))
+    return report
+
+
+async def _deliver(deps: Deps, row: Notification,
+                   public_url: str | None) -> tuple[Result, str]:
+    """What became of ``row``, and the error when it was not sent."""
+    try:
+        notifier = deps.extensions.notifier(row.queue, row.channel)
+        await notifier.send(notice_of(row, public_url))
+    except UnknownQueue:
+        return await _give_up(deps, row, f"queue {row.queue!r} is no longer configured")
+    except NotifyError as exc:
+        if not exc.retryable:
+            return await _give_up(deps, row, str(exc))
+        # the service or the network is down: the notice is right, try it again later
+        await deps.db.notifications.retry_later(row, backoff(row.attempts, exc.retry_after),
+                                                str(exc))
+        metrics.NOTIFICATIONS.labels(channel=row.channel, outcome="retried").inc()
+        return "retried", str(exc)
+    except Exception as exc:  # noqa: BLE001 - unclassified: given up, never a loop
+        return await _give_up(deps, row, f"{type(exc).__name__}: {exc}")
+    await deps.db.notifications.mark_sent(row)
+    metrics.NOTIFICATIONS.labels(channel=row.channel, outcome="sent").inc()
+    log.info("notification_sent key=%s attempts=%d", bounded(row.key), row.attempts)
+    return "sent", ""
+
+
+async def _give_up(deps: Deps, row: Notification, reason: str) -> tuple[Result, str]:
+    await deps.db.notifications.give_up(row, reason)
+    metrics.NOTIFICATIONS.labels(channel=row.channel, outcome="given_up").inc()
+    log.error("notification_given_up key=%s attempts=%d error=%s", bounded(row.key),
+              row.attempts, bounded(reason))
+    return "given_up", reason
+
+
+def request_link(public_url: str | None, request_id: str | None) -> str | None:
+    """Where a person reads about the Request: its page in the worker's API."""
+    if public_url is None:
+        return None
+    if request_id is None:
+        return f"{public_url}/"
+    return f"{public_url}/api/requests/{quote(request_id, safe='/')}"
+
+
+def notice_of(row: Notification, public_url: str | None) -> Notice:
+    event: dict[str, Any] = row.event
+    kind = event.get("kind")
+    if kind not in ("status", "alert"):
+        raise NotifyError(f"unknown notification kind {kind!r}")
+    uri = event.get("uri")
+    request_id = event.get("request_id")
+    details = {k: event[k] for k in ("description", "latest_request_id", "behind_since")
+               if event.get(k) is not None}
+    return Notice(kind=kind, event=str(event["state" if kind == "status" else "event"]),
+                  queue=row.queue, request_id=request_id, uri=uri,
+                  sha=commit_sha(uri) if uri else None, at=str(event.get("at", "")),
+                  link=request_link(public_url, request_id),
+                  previous=event.get("previous"), details=details)
