@@ -120,6 +120,20 @@ def test_the_dashboard_shows_queues_requests_and_facts(web: WebPipeline,
     assert "worker healthy" in dom
     assert re.search(r"process_dlq <b>0</b>", dom), "the dead-letter depths are missing"
 
+    # one Request in detail, as the links of commit statuses and alerts open it
+    dumped = run_chromium(web.url("/#request=request/team/main/2"), tmp_path / "profile-req",
+                          "--dump-dom")
+    detail = html.unescape(dumped.stdout)
+    assert dumped.returncode == 0, dumped.stderr[-2000:]
+    match = re.search(r'<section id="request"[^>]*>(.*?)</section>', detail, re.DOTALL)
+    assert match and "request/team/main/2" in match.group(1), detail
+    shown = match.group(1)
+    assert 'state-failed">failed<' in shown and 'fact-red"' in shown
+    assert "fake://r/team/main-main/b2-fail" in shown
+    [build_id] = [b["id"] for b in web.request("request/team/main/2")["builds"]]
+    assert re.search(rf'data-build="{re.escape(build_id)}".*?state-failed">failed<', shown)
+    assert 'href="#request=request%2Fteam%2Fmain%2F1"' in detail  # rows link to their view
+
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"
     shot.unlink(missing_ok=True)

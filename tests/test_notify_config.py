@@ -94,7 +94,7 @@ def test_notifiers_read_their_secrets_from_the_environment(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     queues = _load(tmp_path, {"github_status": {"repository": "acme/mono",
                                                 "token_env": "STOVEPIPE_T_TOKEN"}})
-    extensions = Extensions(queues)
+    extensions = Extensions(queues, None)
     monkeypatch.delenv("STOVEPIPE_T_TOKEN", raising=False)
     with pytest.raises(NotifyError, match="STOVEPIPE_T_TOKEN is not set") as info:
         extensions.notifier("q", "github_status")

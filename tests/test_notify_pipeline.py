@@ -52,7 +52,7 @@ def _outbox(pipeline: Pipeline) -> list[tuple[str, str | None, int]]:
 
 def _status(state: str, request_id: str, description: str) -> dict[str, Any]:
     return {"state": state, "context": "stovepipe/validation", "description": description,
-            "target_url": f"{PUBLIC}/api/requests/{request_id}"}
+            "target_url": f"{PUBLIC}/#request={request_id}"}
 
 
 def _statuses(services: FakeServices) -> dict[str, list[dict[str, Any]]]:
@@ -159,12 +159,12 @@ def test_greenness_transitions_alert_once_each_on_both_channels(pipeline: Pipeli
         assert {k: v for k, v in red.items() if k != "at"} == {
             "event": "red", "queue": "q", "uri": "fake://r/q-main/c2-fail",
             "sha": "c2-fail", "request_id": ids[1], "previous": "green",
-            "link": f"{PUBLIC}/api/requests/{ids[1]}"}
+            "link": f"{PUBLIC}/#request={ids[1]}"}
         assert [b["text"] for b in services.delivered(SLACK)] == [
             f":red_circle: Stovepipe: q is RED at c2-fail ({ids[1]}; was green). "
-            f"<{PUBLIC}/api/requests/{ids[1]}|details>",
+            f"<{PUBLIC}/#request={ids[1]}|details>",
             f":large_green_circle: Stovepipe: q is GREEN at c5 ({ids[4]}; was red). "
-            f"<{PUBLIC}/api/requests/{ids[4]}|details>"]
+            f"<{PUBLIC}/#request={ids[4]}|details>"]
 
         pipeline.kill_worker(worker)
         _republish_records(pipeline, ids)

@@ -61,7 +61,7 @@ def _run(dsn: str, queues_file: Path,
 
     async def run() -> None:
         async with await Database.open(dsn, max_size=4) as db:
-            await body(Deps(db=db, queues=queues, extensions=Extensions(queues)))
+            await body(Deps(db=db, queues=queues, extensions=Extensions(queues, db)))
 
     asyncio.run(run())
 
@@ -239,7 +239,7 @@ def test_alert_bodies(migrated_dsn: str, tmp_path: Path, fake: FakeServices,
             == ["sent", "sent"]
 
     _run(migrated_dsn, _queues(tmp_path, fake.github_api), body)
-    link = "https://stovepipe.example/api/requests/request/q/2"
+    link = "https://stovepipe.example/#request=request/q/2"
     assert fake.delivered(WEBHOOK) == [{
         "event": "red", "queue": "q", "uri": "fake://r/q-main/c2-fail", "sha": "c2-fail",
         "request_id": "request/q/2", "previous": "green", "at": "2026-01-01T00:00:00+00:00",

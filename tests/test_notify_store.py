@@ -73,7 +73,7 @@ def _run(tmp_path: Path, dsn: str, names: list[str],
 
     async def run() -> None:
         async with await Database.open(dsn, max_size=4) as db:
-            deps = Deps(db=db, queues=queues, extensions=Extensions(queues))
+            deps = Deps(db=db, queues=queues, extensions=Extensions(queues, db))
             await body(*(Queue(deps, repo, n) for n in names))
 
     asyncio.run(run())
@@ -257,7 +257,8 @@ def test_notifications_cost_no_round_trip(migrated_dsn: str, tmp_path: Path) -> 
             kwargs={"autocommit": True, "prepare_threshold": None},
             configure=wire.configure, open=False)
         await pool.open(wait=True)
-        deps = Deps(db=Database(pool), queues=queues, extensions=Extensions(queues))
+        db = Database(pool)
+        deps = Deps(db=db, queues=queues, extensions=Extensions(queues, db))
         costs: dict[str, list[int]] = {"quiet": [], "loud": []}
         try:
             for n, sha in enumerate(("c1", "c2-fail", "c3", "c4"), start=1):

@@ -120,12 +120,12 @@ async def _give_up(deps: Deps, row: Notification, reason: str) -> tuple[Result, 
 
 
 def request_link(public_url: str | None, request_id: str | None) -> str | None:
-    """Where a person reads about the Request: its page in the worker's API."""
+    """Where a person reads about the Request: its view on the dashboard."""
     if public_url is None:
         return None
     if request_id is None:
         return f"{public_url}/"
-    return f"{public_url}/api/requests/{quote(request_id, safe='/')}"
+    return f"{public_url}/#request={quote(request_id, safe='/')}"
 
 
 def notice_of(row: Notification, public_url: str | None) -> Notice:

@@ -115,7 +115,8 @@ function renderQueue(queue, recent) {
       "No Requests yet. Ingest with `stovepipe ingest " + queue.name + "` or POST /api/queues/" + queue.name + "/ingest.");
   } else {
     const rows = recent.body.requests.map((r) => el("tr", { "data-request": r.request.id },
-      el("td", { class: "num", title: r.request.id }, seqOf(r.request.id)),
+      el("td", { class: "num", title: r.request.id },
+        el("a", { href: requestLink(r.request.id) }, seqOf(r.request.id))),
       el("td", {}, stateBadge(r.request.state)),
       el("td", { class: "mono" }, r.request.uri),
       el("td", {}, factBadge(r.fact)),
@@ -127,6 +128,57 @@ function renderQueue(queue, recent) {
       el("tbody", {}, rows));
   }
   return el("section", { class: "queue", "data-queue": queue.name }, head, facts, body);
+}
+
+// One Request in detail at /#request=<id> (the link commit statuses and alerts carry).
+function requestLink(requestId) {
+  return "#request=" + encodeURIComponent(requestId);
+}
+
+function wantedRequest() {
+  const match = /^#request=(.+)$/.exec(window.location.hash);
+  if (!match) return null;
+  try {
+    return decodeURIComponent(match[1]);
+  } catch (_) {
+    return match[1];
+  }
+}
+
+function renderRequest(requestId, result) {
+  const box = document.getElementById("request");
+  if (!requestId) {
+    box.hidden = true;
+    box.replaceChildren();
+    return;
+  }
+  const close = el("a", { href: "#", class: "muted" }, "all queues");
+  const heading = el("div", { class: "queue-head" }, el("h3", {}, requestId), close);
+  box.hidden = false;
+  if (!result || !result.ok) {
+    const why = result && result.body && result.body.error ? result.body.error
+      : "HTTP " + (result ? result.status : "?");
+    box.replaceChildren(heading, el("p", { class: "empty banner" }, "Request unavailable: " + why));
+    return;
+  }
+  const r = result.body.request;
+  const detail = el("dl", { class: "facts" },
+    el("div", {}, el("dt", {}, "State"), el("dd", {}, stateBadge(r.state), " ",
+      el("span", { class: "muted", title: r.updated_at }, ago(r.updated_at)))),
+    el("div", {}, el("dt", {}, "Commit"), el("dd", { class: "mono" }, r.uri)),
+    el("div", {}, el("dt", {}, "Fact"), el("dd", {}, factBadge(result.body.fact))),
+    el("div", {}, el("dt", {}, "Build"), el("dd", {}, r.build_strategy
+      ? [r.build_strategy, r.base_uri ? el("span", { class: "mono muted" }, " from " + r.base_uri) : null]
+      : el("span", { class: "muted" }, "—"))));
+  const builds = result.body.builds.length === 0
+    ? el("p", { class: "empty muted" }, "No build yet.")
+    : el("table", {},
+      el("thead", {}, el("tr", {}, ["Build", "Status", "Updated"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, result.body.builds.map((b) => el("tr", { "data-build": b.id },
+        el("td", { class: "mono" }, b.id),
+        el("td", {}, stateBadge(b.status)),
+        el("td", { class: "num muted", title: b.updated_at }, ago(b.updated_at))))));
+  box.replaceChildren(heading, detail, builds);
 }
 
 function showProblem(message) {
@@ -146,10 +198,13 @@ function renderHealth(result) {
 
 async function refresh() {
   try {
-    const [queues, dlq, health] = await Promise.all(
-      [getJson("/api/queues"), getJson("/api/dlq"), getJson("/health")]);
+    const requestId = wantedRequest();
+    const [queues, dlq, health, request] = await Promise.all(
+      [getJson("/api/queues"), getJson("/api/dlq"), getJson("/health"),
+        requestId ? getJson("/api/requests/" + encodeURIComponent(requestId)) : null]);
     renderHealth(health);
     renderDlq(dlq);
+    renderRequest(requestId, request);
     if (!queues.ok) {
       showProblem("Queues unavailable: " + ((queues.body && queues.body.error) || "HTTP " + queues.status));
     } else {
@@ -166,8 +221,11 @@ async function refresh() {
     showProblem("Cannot reach the worker: " + error);
     renderHealth(null);
   } finally {
-    setTimeout(refresh, REFRESH_MS);
+    clearTimeout(refreshTimer);
+    refreshTimer = setTimeout(refresh, REFRESH_MS);
   }
 }
 
+let refreshTimer = null;
+window.addEventListener("hashchange", () => refresh());
 refresh();
