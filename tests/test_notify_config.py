@@ -78,8 +78,10 @@ def test_problems_are_named(tmp_path: Path) -> None:
         "repository: acme/monorepo"]
     assert _problems(tmp_path, {"github_status": {"repository": "acme/mono",
                                                   "token_env": "ghp_abc-123"}}) == [
-        "queues.q.notify.github_status.token_env: expected the name of an environment "
-        "variable (letters, digits and '_', not starting with a digit), got 'ghp_abc-123'"]
+        "queues.q.notify.github_status.token_env: expected the NAME of an environment "
+        "variable (letters, digits and '_', not starting with a digit), e.g. "
+        "STOVEPIPE_GITHUB_TOKEN; the secret itself belongs in that variable, never in this "
+        "file (the value given is not shown)"]
     assert _problems(tmp_path, {"webhook": {"url": "https://h.example/", "url_env": "X"}}) \
         == ["queues.q.notify.webhook: set exactly one of 'url_env' (the name of the variable "
             "holding the URL) and 'url'"]

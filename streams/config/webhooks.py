@@ -23,23 +23,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError
 
-from streams.schema.fields import Problems, Section
+from streams.schema.fields import Problems, SecretEnvName, Section
 
 Provider = Literal["github", "gitlab"]
 PROVIDERS: tuple[Provider, ...] = ("github", "gitlab")
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _HOSTED_PATH = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+")
-
-
-def _env_name(value: object) -> str:
-    # the value is never repeated in the message: it might be the secret itself
-    if not isinstance(value, str) or not _ENV_NAME.fullmatch(value):
-        raise ValueError("expected the NAME of an environment variable (letters, digits and "
-                         "'_', not starting with a digit), e.g. "
-                         "STOVEPIPE_GITHUB_WEBHOOK_SECRET; the secret itself belongs in "
-                         "that variable, never in this file")
-    return value
 
 
 def _hosted_path(value: object) -> str:
@@ -50,16 +39,15 @@ def _hosted_path(value: object) -> str:
     return value
 
 
-EnvName = Annotated[str, BeforeValidator(_env_name)]
 HostedPath = Annotated[str, BeforeValidator(_hosted_path)]
 
 
 class _GitHubFields(Section):
-    secret_env: EnvName = Field(examples=["STOVEPIPE_GITHUB_WEBHOOK_SECRET"])
+    secret_env: SecretEnvName = Field(examples=["STOVEPIPE_GITHUB_WEBHOOK_SECRET"])
 
 
 class _GitLabFields(Section):
-    token_env: EnvName = Field(examples=["STOVEPIPE_GITLAB_WEBHOOK_TOKEN"])
+    token_env: SecretEnvName = Field(examples=["STOVEPIPE_GITLAB_WEBHOOK_TOKEN"])
 
 
 class WebhooksFields(Section):

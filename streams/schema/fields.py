@@ -13,6 +13,7 @@ validation context ``{"base_dir": Path}``); a spec built by hand keeps its paths
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -67,6 +68,25 @@ def _path_text(value: object) -> object:
     return value if isinstance(value, Path) else _non_empty_string(value)
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def is_env_name(value: object) -> bool:
+    """Whether ``value`` can name an environment variable."""
+    return isinstance(value, str) and _ENV_NAME.fullmatch(value) is not None
+
+
+def _secret_env_name(value: object) -> str:
+    # the value is never repeated in the message: it might be the secret itself
+    if not is_env_name(value):
+        raise ValueError("expected the NAME of an environment variable (letters, digits and "
+                         "'_', not starting with a digit), e.g. STOVEPIPE_GITHUB_TOKEN; the "
+                         "secret itself belongs in that variable, never in this file (the "
+                         "value given is not shown)")
+    assert isinstance(value, str)
+    return value
+
+
 def _flag(value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"expected true or false, got {value!r}")
@@ -84,6 +104,8 @@ PositiveInt = Annotated[int, BeforeValidator(_positive_int)]
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
 NonEmptyStr = Annotated[str, BeforeValidator(_non_empty_string)]
 Flag = Annotated[bool, BeforeValidator(_flag)]
+# where a secret is: the name of the variable that holds it, never the secret
+SecretEnvName = Annotated[str, BeforeValidator(_secret_env_name)]
 ConfigPath = Annotated[Path, BeforeValidator(_path_text), AfterValidator(resolve_path)]
 
 

@@ -68,11 +68,10 @@ async def tend_build_runners(deps: Deps, publish: Publisher) -> None:
     here if need be, so a restarted worker resumes its builds before any message asks. A
     failing runner does not keep the others from their tend; an outage ends the round."""
     for queue in deps.queues.names():
-        tend = getattr(deps.extensions.build_runner(queue), "tend", None)
-        if tend is None:
-            continue
         try:
-            await tend()
+            tend = getattr(deps.extensions.build_runner(queue), "tend", None)
+            if tend is not None:
+                await tend()
         except Exception as exc:
             if is_outage(exc):
                 raise

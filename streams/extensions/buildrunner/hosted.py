@@ -42,23 +42,16 @@ from pydantic import BeforeValidator
 from streams.extensions.buildrunner.contract import BuildRunnerError
 from streams.extensions.sourcecontrol.contract import CommitNotFound
 from streams.extensions.sourcecontrol.gituri import GitCommit, check_branch_name, parse_uri
+from streams.schema.fields import is_env_name
 
 DEFAULT_REQUEST_TIMEOUT = 10.0  # seconds, per HTTP request
 DEFAULT_RATE_LIMIT_WAIT = 60.0  # a rate limit that does not say how long
 _MESSAGE_LIMIT = 300  # characters of a provider's error message kept in ours
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOKEN_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,99}")
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 CORRELATION_PREFIX = "sp-"
 
 # --- queues.yaml value types ------------------------------------------------------------
-
-
-def _env_name(value: object) -> str:
-    if not isinstance(value, str) or not _ENV_NAME.fullmatch(value):
-        raise ValueError(f"expected the name of an environment variable (letters, digits "
-                         f"and '_', not starting with a digit), got {value!r}")
-    return value
 
 
 def _token_env_name(value: object) -> str:
@@ -97,7 +90,9 @@ def _extra_env(value: object) -> dict[str, str]:
     if not isinstance(value, dict):
         raise ValueError(f"expected a mapping of variable names to strings, got {value!r}")
     for name, text in value.items():
-        _env_name(name)
+        if not is_env_name(name):
+            raise ValueError(f"{name!r} is not an environment variable name (letters, "
+                             f"digits and '_', not starting with a digit)")
         if name.startswith("STOVEPIPE_"):
             raise ValueError(f"{name!r}: the STOVEPIPE_ variables are set by Stovepipe")
         if not isinstance(text, str):

@@ -23,25 +23,16 @@ from pydantic.dataclasses import dataclass as spec_dataclass
 from streams.extensions.notify.contract import Notice, NotifyError
 from streams.extensions.notify.http import post_json
 from streams.extensions.sourcecontrol.gituri import repository_identity
-from streams.schema.fields import SPEC, NonEmptyStr
+from streams.schema.fields import SPEC, NonEmptyStr, SecretEnvName
 
 DEFAULT_API_URL = "https://api.github.com"
 DEFAULT_CONTEXT = "stovepipe/validation"
 API_VERSION = "2022-11-28"
 DESCRIPTION_LIMIT = 140  # GitHub keeps descriptions short
 _OWNER_REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _GITHUB_REMOTE = re.compile(
     r"(?:https?://(?:[^/@]*@)?github\.com/|ssh://git@github\.com/|git@github\.com:)"
     r"(?P<repo>[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+?)(?:\.git)?/?")
-
-
-def env_name(value: object) -> str:
-    """The NAME of an environment variable (the secret stays in the environment)."""
-    if not isinstance(value, str) or not _ENV_NAME.fullmatch(value):
-        raise ValueError(f"expected the name of an environment variable (letters, digits "
-                         f"and '_', not starting with a digit), got {value!r}")
-    return value
 
 
 def _owner_repo(value: object) -> str:
@@ -59,7 +50,6 @@ def _http_url(value: object) -> str:
     return str(value).rstrip("/")
 
 
-EnvName = Annotated[str, BeforeValidator(env_name)]
 HttpUrl = Annotated[str, BeforeValidator(_http_url)]
 
 
@@ -75,7 +65,7 @@ def github_repository(repository: str | None) -> str | None:
 class GitHubStatusSpec:
     """``notify.github_status`` in queues.yaml."""
 
-    token_env: EnvName
+    token_env: SecretEnvName
     # owner/name; None: taken from the queue's git repository when it is on github.com
     repository: Annotated[str, BeforeValidator(_owner_repo)] | None = None
     api_url: HttpUrl = DEFAULT_API_URL

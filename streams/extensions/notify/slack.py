@@ -15,16 +15,15 @@ from typing import ClassVar
 from pydantic.dataclasses import dataclass as spec_dataclass
 
 from streams.extensions.notify.contract import Notice, NotifyError
-from streams.extensions.notify.github_status import EnvName
 from streams.extensions.notify.http import post_json
-from streams.schema.fields import SPEC
+from streams.schema.fields import SPEC, SecretEnvName
 
 
 @spec_dataclass(frozen=True, config=SPEC)
 class SlackSpec:
     """``notify.slack`` in queues.yaml."""
 
-    url_env: EnvName
+    url_env: SecretEnvName
     channel: ClassVar[str] = "slack"
 
     def env_names(self) -> tuple[str, ...]:

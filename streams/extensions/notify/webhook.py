@@ -21,9 +21,9 @@ from pydantic import model_validator
 from pydantic.dataclasses import dataclass as spec_dataclass
 
 from streams.extensions.notify.contract import Notice, NotifyError
-from streams.extensions.notify.github_status import EnvName, HttpUrl
+from streams.extensions.notify.github_status import HttpUrl
 from streams.extensions.notify.http import post_json
-from streams.schema.fields import SPEC
+from streams.schema.fields import SPEC, SecretEnvName
 
 
 @spec_dataclass(frozen=True, config=SPEC)
@@ -31,9 +31,9 @@ class WebhookSpec:
     """``notify.webhook`` in queues.yaml: ``url_env`` (the URL is a secret) or ``url``,
     and optional ``headers_env`` mapping a header to the variable holding its value."""
 
-    url_env: EnvName | None = None
+    url_env: SecretEnvName | None = None
     url: HttpUrl | None = None
-    headers_env: dict[str, EnvName] | None = None
+    headers_env: dict[str, SecretEnvName] | None = None
     channel: ClassVar[str] = "webhook"
 
     @model_validator(mode="after")
