@@ -27,6 +27,7 @@ from streams.config import settings as settings_mod
 
 if TYPE_CHECKING:
     from tests.pipeline_support import Pipeline
+    from tests.web_support import WebPipeline
 
 
 def _docker_answers() -> bool:
@@ -174,6 +175,20 @@ def pipeline(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
 
     p = Pipeline(bootstrap=kafka_bootstrap, dsn=migrated_dsn, prefix=topic_prefix,
                  root=tmp_path)
+    try:
+        yield p
+    finally:
+        p.stop_workers()
+
+
+@pytest.fixture
+def web(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
+        tmp_path: Path) -> Iterator[WebPipeline]:
+    """`pipeline` whose workers serve HTTP: `tests.web_support.WebPipeline`."""
+    from tests.web_support import WebPipeline
+
+    p = WebPipeline(bootstrap=kafka_bootstrap, dsn=migrated_dsn, prefix=topic_prefix,
+                    root=tmp_path)
     try:
         yield p
     finally:

@@ -11,14 +11,13 @@ import html
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from streams.config.settings import REPO_ROOT
-from tests.test_http_api import WebPipeline
 from tests.waiting import wait_until
+from tests.web_support import WebPipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 
@@ -43,17 +42,6 @@ def run_chromium(url: str, profile: Path, *args: str) -> subprocess.CompletedPro
          "--disable-sync", f"--user-data-dir={profile}", "--window-size=1280,900",
          "--virtual-time-budget=5000", *args, url],
         capture_output=True, text=True, timeout=120, check=False)
-
-
-@pytest.fixture
-def web(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
-        tmp_path: Path) -> Iterator[WebPipeline]:
-    p = WebPipeline(bootstrap=kafka_bootstrap, dsn=migrated_dsn, prefix=topic_prefix,
-                    root=tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop_workers()
 
 
 def test_the_page_and_its_assets_are_served(web: WebPipeline) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -14,7 +13,7 @@ from urllib.parse import quote, urlencode
 import pytest
 
 from tests.pipeline_support import Pipeline
-from tests.test_http_api import WebPipeline, assert_error
+from tests.web_support import WebPipeline, assert_error
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 
@@ -101,17 +100,6 @@ def _commit(repo: Path, verdict: str) -> str:
     _git(repo, "add", "verdict")
     _git(repo, "commit", "-q", "-m", verdict)
     return _git(repo, "rev-parse", "HEAD")
-
-
-@pytest.fixture
-def web(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
-        tmp_path: Path) -> Iterator[WebPipeline]:
-    p = WebPipeline(bootstrap=kafka_bootstrap, dsn=migrated_dsn, prefix=topic_prefix,
-                    root=tmp_path)
-    try:
-        yield p
-    finally:
-        p.stop_workers()
 
 
 def test_the_api_answers_by_sha_on_a_git_queue(web: WebPipeline) -> None:

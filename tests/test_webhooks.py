@@ -20,7 +20,7 @@ from urllib.parse import urlencode
 import pytest
 import yaml
 
-from tests.test_http_api import TOKEN, Reply, WebPipeline, assert_error
+from tests.web_support import TOKEN, Reply, WebPipeline, assert_error
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 
