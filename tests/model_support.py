@@ -322,6 +322,8 @@ class Knobs:
     poll_delay_queued: timedelta = timedelta(seconds=5)
     poll_delay_running: timedelta = timedelta(seconds=1)
     poll_deadline: timedelta = timedelta(days=1)
+    status_channels: tuple[str, ...] = ()  # the model's queues notify nothing
+    alert_channels: tuple[str, ...] = ()
 
 
 class MemoryQueues:
