@@ -304,9 +304,16 @@ def _run_many_heads(pipeline: Pipeline, *, queues: int, rounds: int, kill: bool,
             else:
                 victim.terminate()
                 victim.wait(timeout=60)
-        wait_until(lambda before=before: all(
-            pipeline.queue_latest(q) != before[q] for q in names), timeout=120,
-            what=f"round {r} ingested", interval=0.3)
+        try:
+            # generous: two workers starting or leaving under a loaded machine rebalance
+            # the group, and a rebalance waits for its slowest member
+            wait_until(lambda before=before: all(
+                pipeline.queue_latest(q) != before[q] for q in names), timeout=240,
+                what=f"round {r} ingested", interval=0.3)
+        except AssertionError as exc:
+            behind = [q for q in names if pipeline.queue_latest(q) == before[q]]
+            raise AssertionError(f"{exc}; queues not ingested: {behind}\n"
+                                 f"{pipeline.logs()}") from None
     pipeline.wait_quiet(timeout=240)
 
 
