@@ -23,6 +23,7 @@ from streams.extensions.buildrunner import BuildReport
 from streams.extensions.buildrunner.command import CommandBuildRunner
 from streams.extensions.sourcecontrol.gitrepo import GIT_LOCATION_VARIABLES
 from streams.extensions.sourcecontrol.gituri import git_uri
+from streams.runtime.periodic import PeriodicTask, run_periodically
 from tests.waiting import wait_until
 
 T = TypeVar("T")
@@ -99,7 +100,8 @@ class Builds:
         """The worker's periodic tend of ``runner``'s host, faster, until `stop_tending`
         (the host dies) or the end of the test."""
         async def start() -> asyncio.Task[None]:
-            return asyncio.create_task(_tend_forever(runner))
+            return asyncio.create_task(run_periodically(
+                PeriodicTask("tend", TEND_INTERVAL, _tend_of(runner)), None, _no_publish))
 
         task = self.run(start())
         self._tending.append(task)
@@ -170,10 +172,20 @@ class Builds:
             self.portal.close()
 
 
-async def _tend_forever(runner: CommandBuildRunner) -> None:
-    while True:
+TEND_INTERVAL = 0.1  # a test's tend is 20 times as frequent as a worker's
+
+
+def _tend_of(runner: CommandBuildRunner) -> Callable[[Any, Any], Coroutine[Any, Any, None]]:
+    """The runner's tend as the worker runs it: a periodic task (`run_periodically`)."""
+
+    async def tend(deps: Any, publish: Any) -> None:
         await runner.tend()
-        await asyncio.sleep(0.1)
+
+    return tend
+
+
+async def _no_publish(*args: Any) -> None:
+    raise AssertionError("a tend publishes nothing")
 
 
 async def _stop_quietly(runner: CommandBuildRunner, build_id: str) -> None:

@@ -30,6 +30,7 @@ from streams.extensions.sourcecontrol.gituri import git_uri
 from streams.runtime.classify import outcome_of_exception
 from streams.runtime.outcome import NonRetryable, Retryable
 from tests.hosted_ci import FakeGitHub, shipped_example_queues
+from tests.waiting import wait_until_async
 
 TOKEN = "ghp_s3cr3tT0kenValue0123456789"
 TOKEN_ENV = "STOVEPIPE_TEST_GITHUB_TOKEN"
@@ -67,11 +68,12 @@ def serve(scenario: Scenario, fake: FakeGitHub | None = None, **kwargs: Any) -> 
 
 
 async def wait_for(condition: Callable[[], bool], *, what: str) -> None:
-    """`tests.waiting.wait_until` on the event loop the fake serves from (30 s)."""
-    deadline = time.monotonic() + 30.0
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
+    """`tests.waiting.wait_until_async` on the event loop the fake serves from (30 s)."""
+
+    async def holds() -> bool:
+        return condition()
+
+    await wait_until_async(holds, within=30.0, what=what, interval=0.01)
 
 
 async def failure_of(call: Awaitable[Any]) -> BuildRunnerError:

@@ -18,6 +18,7 @@ from streams.config.queues import Extensions, load_queues
 from streams.extensions.sourcecontrol.fake import FakeRepo
 from streams.stages.deps import Deps
 from streams.stages.ingest import ingest_queue
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.postgres
 
@@ -157,14 +158,6 @@ async def _db_age(db: Database, request: Request) -> float:
         return float(row[0])
 
 
-async def _until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
-    while not await condition():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 def test_stale_once_per_bookmark_and_reset_when_it_moves(migrated_dsn: str,
                                                          tmp_path: Path) -> None:
     threshold = 1.0
@@ -176,7 +169,8 @@ def test_stale_once_per_bookmark_and_reset_when_it_moves(migrated_dsn: str,
         await q.record(r1)
         assert await notifications.judge_staleness(rule) == (0, 0)  # no newer head
         # a quiet branch: the bookmark grows older than the threshold with nothing newer
-        await _until(lambda: _older(q, r1, threshold * 1.5), "the bookmark to age")
+        await wait_until_async(lambda: _older(q, r1, threshold * 1.5), within=30,
+                               what="the bookmark to age")
         assert await notifications.judge_staleness(rule) == (0, 0)
         r2 = await q.head("c2")  # a new head: behind from now on, not since the bookmark
         assert await notifications.judge_staleness(rule) == (0, 0)
@@ -187,7 +181,7 @@ def test_stale_once_per_bookmark_and_reset_when_it_moves(migrated_dsn: str,
         async def went_stale() -> bool:
             return (await notifications.judge_staleness(rule))[0] == 1
 
-        await _until(went_stale, "the queue to go stale")
+        await wait_until_async(went_stale, within=30, what="the queue to go stale")
         await q.head("c3")  # another newer head changes nothing
         for _ in range(5):  # judges again (every worker, every round): nothing more
             assert await notifications.judge_staleness(rule) == (0, 0)
@@ -201,7 +195,8 @@ def test_stale_once_per_bookmark_and_reset_when_it_moves(migrated_dsn: str,
         # the bookmark moves: fresh again, and the clock restarts from the new green fact
         await _green(q, r2)
         assert await notifications.judge_staleness(rule) == (0, 1)
-        await _until(went_stale, "the queue to go stale again behind its new bookmark")
+        await wait_until_async(went_stale, within=30,
+                               what="the queue to go stale again behind its new bookmark")
         assert sorted(key for key, _ in await q.rows("alert:"))[2:] == [
             "alert:webhook:stale:1", "alert:webhook:stale:2"]
         assert len(await q.rows("alert:")) == 4
