@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 from store._base import Row, Store
-from store.entities import Build, BuildStatus, RequestState
+from store.entities import Build, BuildStatus, RequestState, Verdict
 from store.errors import AlreadyExists, AmbiguousKey, InvariantViolation, NotFound, VersionMismatch
 
 _COLUMNS = (
-    "queue, id, request_id, status, version, created_at, updated_at,"
-    " loop_token, EXTRACT(EPOCH FROM now() - loop_seen_at)::float8 AS loop_age,"
+    "queue, id, request_id, status, version, created_at, updated_at, attempt, verdict,"
+    " reason, loop_token, EXTRACT(EPOCH FROM now() - loop_seen_at)::float8 AS loop_age,"
     " EXTRACT(EPOCH FROM now() - created_at)::float8 AS age"
 )
 _VERSION = "SELECT version FROM build WHERE queue = %(queue)s AND id = %(id)s"
 _INSERT = (
-    "INSERT INTO build (queue, id, request_id, loop_token)"
-    " VALUES (%(queue)s, %(id)s, %(request_id)s, %(loop_token)s)"
+    "INSERT INTO build (queue, id, request_id, loop_token, attempt)"
+    " VALUES (%(queue)s, %(id)s, %(request_id)s, %(loop_token)s, %(attempt)s)"
     f" ON CONFLICT (queue, id) DO NOTHING RETURNING {_COLUMNS}"
 )
 
 
 def _build(row: Row) -> Build:
-    return Build(**{**row, "status": BuildStatus(row["status"])})
+    verdict = row.get("verdict")
+    return Build(**{**row, "status": BuildStatus(row["status"]),
+                    "verdict": Verdict(verdict) if verdict is not None else None})
 
 
 class BuildStore(Store):
@@ -52,27 +54,27 @@ class BuildStore(Store):
         return _build(rows[0])
 
     async def create(self, queue: str, build_id: str, request_id: str, *,
-                     loop_token: str = "") -> Build:
-        """A new build in `accepted` for the request; AlreadyExists if the id is taken,
-        NotFound if the request does not exist."""
+                     loop_token: str = "", attempt: int = 1) -> Build:
+        """A new build in `accepted` for the request (its ``attempt``); AlreadyExists if
+        the id is taken, NotFound if the request does not exist."""
         return _build(
             await self._insert(
                 _INSERT,
                 {"queue": queue, "id": build_id, "request_id": request_id,
-                 "loop_token": loop_token},
+                 "loop_token": loop_token, "attempt": attempt},
                 key={"queue": queue, "id": build_id},
                 request_key={"queue": queue, "id": request_id},
             )
         )
 
     async def get_or_create(self, queue: str, build_id: str, request_id: str, *,
-                            loop_token: str = "") -> Build:
+                            loop_token: str = "", attempt: int = 1) -> Build:
         """Like `create`, but an existing build of the same request is returned as is (a
         redelivered build message). AlreadyExists if the id belongs to another request."""
         key = {"queue": queue, "id": build_id}
         row = await self._fetch_one(
             _INSERT,
-            {**key, "request_id": request_id, "loop_token": loop_token},
+            {**key, "request_id": request_id, "loop_token": loop_token, "attempt": attempt},
             key=key,
             request_key={"queue": queue, "id": request_id},
         )
@@ -82,10 +84,10 @@ class BuildStore(Store):
         return build
 
     async def list_for_request(self, queue: str, request_id: str) -> list[Build]:
-        """Every build started for the request, oldest first."""
+        """Every build started for the request, oldest first (by attempt)."""
         rows = await self._fetch_all(
-            f"SELECT {_COLUMNS} FROM build"
-            " WHERE queue = %(queue)s AND request_id = %(request_id)s ORDER BY created_at, id",
+            f"SELECT {_COLUMNS} FROM build WHERE queue = %(queue)s"
+            " AND request_id = %(request_id)s ORDER BY attempt, created_at, id",
             {"queue": queue, "request_id": request_id},
             key={"queue": queue, "request_id": request_id},
         )
@@ -103,7 +105,8 @@ class BuildStore(Store):
             )
         return _build(
             await self._compare_and_set(
-                "UPDATE build SET status = %(status)s, version = version + 1, updated_at = now()"
+                "UPDATE build SET status = %(status)s, version = version + 1, updated_at = now(),"
+                " verdict = CASE WHEN %(status)s = 'succeeded' THEN 'green' ELSE verdict END"
                 " WHERE queue = %(queue)s AND id = %(id)s AND version = %(version)s"
                 f" RETURNING {_COLUMNS}",
                 {**key, "status": status.value},
@@ -113,16 +116,21 @@ class BuildStore(Store):
             )
         )
 
-    async def claim_loop(self, build: Build, token: str) -> Build:
+    async def claim_loop(self, build: Build, token: str, *,
+                         quiet: float = 0.0) -> Build:
         """Make ``token`` the build's poll loop, if the loop is still ``build``'s
         (compare-and-set on the token; VersionMismatch when another loop took it first).
-        Marks the loop seen now, by the database's clock; the version is left alone."""
+        Marks the loop seen now, by the database's clock — or ``quiet`` seconds from now:
+        a loop about to wait longer than its usual delays (a dependency's outage) says when
+        it will be back, so the sweeper does not take it for lost meanwhile. The version
+        is left alone."""
         key = {"queue": build.queue, "id": build.id}
         row = await self._fetch_one(
-            "UPDATE build SET loop_token = %(new)s, loop_seen_at = now()"
+            "UPDATE build SET loop_token = %(new)s,"
+            " loop_seen_at = now() + make_interval(secs => %(quiet)s)"
             " WHERE queue = %(queue)s AND id = %(id)s AND loop_token = %(old)s"
             f" RETURNING {_COLUMNS}",
-            {**key, "new": token, "old": build.loop_token},
+            {**key, "new": token, "quiet": max(0.0, quiet), "old": build.loop_token},
             key=key,
         )
         if row is None:
@@ -147,7 +155,7 @@ class BuildStore(Store):
         never a scan of history)."""
         rows = await self._fetch_all(
             "SELECT b.queue, b.id, b.request_id, b.status, b.version, b.created_at,"
-            " b.updated_at, b.loop_token,"
+            " b.updated_at, b.attempt, b.verdict, b.reason, b.loop_token,"
             " EXTRACT(EPOCH FROM now() - b.loop_seen_at)::float8 AS loop_age,"
             " EXTRACT(EPOCH FROM now() - b.created_at)::float8 AS age,"
             " r.state AS request_state"

@@ -140,9 +140,14 @@ class CommandBuildStore(Store):
             {"id": build_id}, key={"build_id": build_id})
         return _command_build(row) if row is not None else await self.get(build_id)
 
-    async def fail_if_silent(self, build_id: str, older_than: float) -> CommandBuild | None:
+    async def fail_if_silent(self, build_id: str, older_than: float, *, declarer: str,
+                             gap: float) -> CommandBuild | None:
         """Fail a live build whose heartbeat is older than ``older_than`` seconds by the
-        database's clock (compare-and-set on both); None when it is not (any more)."""
+        database's clock (compare-and-set on both) — only on evidence: the ``declarer``
+        host itself has been heartbeating (`WorkerHostStore.heartbeat`) without a gap
+        longer than ``gap`` for at least ``older_than`` seconds, so the database was
+        reachable all that time and the owner's silence is its own, not an outage's.
+        None when it is not (any more), or when the evidence is missing."""
         row = await self._fetch_one(
             "UPDATE command_build SET status = 'failed', reason = 'host_lost',"
             " detail = format('host %%s stopped heartbeating (last seen %%s, %%s s before"
@@ -152,8 +157,12 @@ class CommandBuildStore(Store):
             " finished_at = now()"
             f" WHERE build_id = %(id)s AND status IN {_LIVE}"
             " AND heartbeat_at < now() - make_interval(secs => %(age)s)"
+            " AND EXISTS (SELECT 1 FROM worker_host w WHERE w.host = %(declarer)s"
+            "   AND w.up_since <= now() - make_interval(secs => %(age)s)"
+            "   AND w.heartbeat_at >= now() - make_interval(secs => %(gap)s))"
             f" RETURNING {_COLUMNS}",
-            {"id": build_id, "age": older_than}, key={"build_id": build_id})
+            {"id": build_id, "age": older_than, "declarer": declarer, "gap": gap},
+            key={"build_id": build_id})
         return _command_build(row) if row is not None else None
 
 

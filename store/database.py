@@ -28,6 +28,7 @@ from store.builds import BuildStore
 from store.command_builds import CommandBuildStore
 from store.counters import CounterStore
 from store.facts import FactStore
+from store.ingest_leases import IngestLeaseStore
 from store.notifications import NotificationStore
 from store.parked import ParkedStore
 from store.queues import QueueStore
@@ -35,6 +36,7 @@ from store.request_uris import RequestUriStore
 from store.requests import RequestStore
 from store.steps import StepStore
 from store.webhook_deliveries import WebhookDeliveryStore
+from store.worker_hosts import WorkerHostStore
 
 
 class Stores:
@@ -52,6 +54,8 @@ class Stores:
         self.steps = StepStore(source)
         self.webhook_deliveries = WebhookDeliveryStore(source)
         self.notifications = NotificationStore(source)
+        self.ingest_leases = IngestLeaseStore(source)
+        self.worker_hosts = WorkerHostStore(source)
 
 
 class _PoolSource:

@@ -88,25 +88,73 @@ class BuildStrategy(StrEnum):
     FULL = "full"
 
 
-def make_request_id(queue: str, n: int) -> str:
-    """`request/<queue>/<n>`; `n` is the queue's counter value (its ingest order)."""
+class RequestKind(StrEnum):
+    """Why a Request exists (design §4): ``head`` — a head of the branch, superseded by a
+    newer head; ``retry`` — a commit validated again on request, which supersedes nothing
+    and which nothing supersedes."""
+
+    HEAD = "head"
+    RETRY = "retry"
+
+
+class Verdict(StrEnum):
+    """What a build that ran said. No verdict (None) is never green and never red."""
+
+    GREEN = "green"
+    RED = "red"
+
+
+def make_request_id(queue: str, n: int, validation: int = 1) -> str:
+    """`request/<queue>/<n>`; `n` is the queue's counter value (its ingest order). A
+    commit validated again is `request/<queue>/<n>.<k>`: ``validation`` k (from 2) of the
+    commit first ingested as Request n, so it sorts where its commit was first ingested
+    (design §4)."""
     if n < 1:
         raise ValueError(f"request counter values start at 1, got {n}")
-    return f"{REQUEST_ID_PREFIX}{queue}/{n}"
+    if validation < 1:
+        raise ValueError(f"validations are counted from 1, got {validation}")
+    suffix = f".{validation}" if validation > 1 else ""
+    return f"{REQUEST_ID_PREFIX}{queue}/{n}{suffix}"
 
 
 def parse_request_id(request_id: str) -> tuple[str, int]:
-    """(queue, n) from `request/<queue>/<n>`. Queue names may themselves contain '/'."""
-    queue, sep, n = request_id.removeprefix(REQUEST_ID_PREFIX).rpartition("/")
-    well_formed = request_id.startswith(REQUEST_ID_PREFIX) and sep and queue
-    if not (well_formed and n.isascii() and n.isdigit()):
-        raise ValueError(f"not a request id (want request/<queue>/<n>): {request_id!r}")
-    return queue, int(n)
+    """(queue, n) from `request/<queue>/<n>` or `request/<queue>/<n>.<k>`. Queue names may
+    themselves contain '/'."""
+    return _parse(request_id)[:2]
+
+
+def _parse(request_id: str) -> tuple[str, int, int]:
+    queue, sep, tail = request_id.removeprefix(REQUEST_ID_PREFIX).rpartition("/")
+    n, dot, k = tail.partition(".")
+    well_formed = (request_id.startswith(REQUEST_ID_PREFIX) and sep and queue
+                   and _digits(n) and (not dot or (_digits(k) and int(k) >= 2)))
+    if not well_formed:
+        raise ValueError(f"not a request id (want request/<queue>/<n>, or "
+                         f"request/<queue>/<n>.<k> for a commit validated again): "
+                         f"{request_id!r}")
+    return queue, int(n), int(k) if dot else 1
+
+
+def _digits(text: str) -> bool:
+    return bool(text) and text.isascii() and text.isdigit() and not text.startswith("0")
 
 
 def request_seq(request_id: str) -> int:
-    """The ingest order of a request id: the only "newer than" the pipeline uses."""
-    return parse_request_id(request_id)[1]
+    """The ingest order of a request id: the place of its commit's first ingest, the only
+    "newer than" the pipeline uses (validations of one commit share it)."""
+    return _parse(request_id)[1]
+
+
+def request_validation(request_id: str) -> int:
+    """Which validation of its commit a Request is: 1 for `…/<n>`, k for `…/<n>.<k>`."""
+    return _parse(request_id)[2]
+
+
+def request_order(request_id: str) -> tuple[int, int]:
+    """(ingest order, validation): the total order of a queue's Requests. Mirrors the
+    SQL functions request_seq and request_validation (migration 0008)."""
+    _, n, k = _parse(request_id)
+    return n, k
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,16 +180,43 @@ class Request:
     version: int
     created_at: datetime
     updated_at: datetime
+    kind: RequestKind = RequestKind.HEAD
+    attempt: int = 0  # the current (or last) attempt, from 1; 0 before admission
+    verdict: Verdict | None = None  # set when a build's verdict settled it
+    reason: str = ""  # why it ended as it did (always set when failed without a verdict)
+    unvalidated_retries: int = 0  # attempts started again after one could not validate
+    red_reruns: int = 0  # attempts started again after a red one (retry.red)
     # the gate loop's token, and seconds since the loop was last seen by the database's
     # clock (an observation of the moment it was read, so no part of equality): the
     # pipeline's own bookkeeping, not shown to users (INTERNAL)
     loop_token: str = field(default="", metadata=INTERNAL)
     loop_age: float = field(default=0.0, compare=False, metadata=INTERNAL)
+    # minted with the row; every message about the Request carries it (design §10)
+    nonce: str = field(default="", metadata=INTERNAL)
+    # seconds until the current attempt may trigger its build (<= 0: due), by the
+    # database's clock
+    attempt_due_in: float = field(default=0.0, compare=False, metadata=INTERNAL)
+    recorded: bool = field(default=False, compare=False, metadata=INTERNAL)
 
     @property
     def seq(self) -> int:
-        """Ingest order: larger is newer."""
+        """Ingest order: larger is newer (validations of one commit share it)."""
         return request_seq(self.id)
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """(ingest order, validation): the total order of the queue's Requests."""
+        return request_order(self.id)
+
+    @property
+    def unvalidated(self) -> bool:
+        """Failed without a verdict: it could not be validated (design §4)."""
+        return self.state is RequestState.FAILED and self.verdict is None
+
+    def is_about(self, nonce: str) -> bool:
+        """Whether a message carrying ``nonce`` was about this Request (an empty nonce:
+        a message from before nonces, taken to be)."""
+        return not nonce or nonce == self.nonce
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +238,9 @@ class Build:
     version: int
     created_at: datetime
     updated_at: datetime
+    attempt: int = 1  # which attempt of its Request
+    verdict: Verdict | None = None  # green/red once a run said; None: none (yet)
+    reason: str = ""  # why it ended without a verdict, or more about how it ended
     # the poll loop's token; seconds since the loop was last seen and since the build was
     # created, by the database's clock (observations, so no part of equality)
     loop_token: str = field(default="", metadata=INTERNAL)
@@ -209,6 +287,8 @@ class ValidationFact:
     degree: float
     request_id: str
     created_at: datetime
+    attempts: int = 1  # builds of its Request it took
+    flaky: bool = False  # green on a re-run of a red build (retry.red)
 
     @property
     def is_green(self) -> bool:

@@ -5,11 +5,18 @@ from __future__ import annotations
 from store._base import Row, Store
 from store.entities import ValidationFact, check_degree
 
-_COLUMNS = "queue, uri, project, degree, request_id, created_at"
+_COLUMNS = "queue, uri, project, degree, request_id, created_at, attempts, flaky"
+# first fact wins: one per Request, and one green per commit
 _INSERT = (
     "INSERT INTO validation_fact (queue, uri, project, degree, request_id)"
     " VALUES (%(queue)s, %(uri)s, %(project)s, %(degree)s, %(request_id)s)"
-    f" ON CONFLICT (queue, uri, project) DO NOTHING RETURNING {_COLUMNS}"
+    f" ON CONFLICT DO NOTHING RETURNING {_COLUMNS}"
+)
+# a commit's answer: the fact of its newest Request that has one
+_NEWEST_OF_COMMIT = (
+    f"SELECT {_COLUMNS} FROM validation_fact"
+    " WHERE queue = %(queue)s AND uri = %(uri)s AND project = %(project)s"
+    " ORDER BY request_seq(request_id) DESC, request_validation(request_id) DESC LIMIT 1"
 )
 
 # the queue's green facts by ingest order, on index validation_fact_green_order
@@ -32,16 +39,30 @@ class FactStore(Store):
     entity = "validation_fact"
 
     async def get(self, queue: str, uri: str, project: str = "") -> ValidationFact:
-        """The fact; NotFound means "not validated", which is never green."""
+        """The commit's answer: the fact of its newest Request that has one (a commit
+        validated again keeps every earlier fact). NotFound means "not validated", which
+        is never green."""
         key = {"queue": queue, "uri": uri, "project": project}
-        return _fact(
-            await self._get_row(
-                f"SELECT {_COLUMNS} FROM validation_fact"
-                " WHERE queue = %(queue)s AND uri = %(uri)s AND project = %(project)s",
-                key,
-                key=key,
-            )
-        )
+        return _fact(await self._get_row(_NEWEST_OF_COMMIT, key, key=key))
+
+    async def of_request(self, queue: str, request_id: str,
+                         project: str = "") -> ValidationFact | None:
+        """The fact a Request recorded; None when it has none."""
+        key = {"queue": queue, "request_id": request_id, "project": project}
+        row = await self._fetch_one(
+            f"SELECT {_COLUMNS} FROM validation_fact WHERE queue = %(queue)s"
+            " AND request_id = %(request_id)s AND project = %(project)s", key, key=key)
+        return _fact(row) if row is not None else None
+
+    async def of_commit(self, queue: str, uri: str, project: str = "") -> list[ValidationFact]:
+        """Every fact of the commit, newest Request first."""
+        key = {"queue": queue, "uri": uri, "project": project}
+        rows = await self._fetch_all(
+            f"SELECT {_COLUMNS} FROM validation_fact"
+            " WHERE queue = %(queue)s AND uri = %(uri)s AND project = %(project)s"
+            " ORDER BY request_seq(request_id) DESC, request_validation(request_id) DESC",
+            key, key=key)
+        return [_fact(row) for row in rows]
 
     async def create(
         self, queue: str, uri: str, *, degree: float, request_id: str, project: str = ""
@@ -62,7 +83,8 @@ class FactStore(Store):
         self, queue: str, uri: str, *, degree: float, request_id: str, project: str = ""
     ) -> ValidationFact:
         """The stored fact, recording this one first if there is none. The caller compares
-        the returned fact's request id with its own: a fact is never overwritten."""
+        the returned fact's request id with its own: a fact is never overwritten (the
+        Request's own fact, else the commit's green fact that refused this one)."""
         key = {"queue": queue, "uri": uri, "project": project}
         row = await self._fetch_one(
             _INSERT,
@@ -70,7 +92,10 @@ class FactStore(Store):
             key=key,
             request_key={"queue": queue, "id": request_id},
         )
-        return _fact(row) if row is not None else await self.get(queue, uri, project)
+        if row is not None:
+            return _fact(row)
+        return await self.of_request(queue, request_id, project) or await self.get(
+            queue, uri, project)
 
     async def green_older_than(self, queue: str, seq: int | None,
                                limit: int) -> list[ValidationFact]:

@@ -3,23 +3,36 @@
 from __future__ import annotations
 
 from store._base import Row, Store
-from store.entities import BuildStrategy, Request, RequestState, parse_request_id
+from store.entities import (
+    BuildStrategy,
+    Request,
+    RequestKind,
+    RequestState,
+    Verdict,
+    parse_request_id,
+)
 from store.errors import InvariantViolation, VersionMismatch
 
 _COLUMNS = (
     "queue, id, uri, state, build_strategy, base_uri, version, created_at, updated_at,"
-    " loop_token, EXTRACT(EPOCH FROM now() - loop_seen_at)::float8 AS loop_age"
+    " kind, attempt, verdict, reason, unvalidated_retries, red_reruns,"
+    " loop_token, EXTRACT(EPOCH FROM now() - loop_seen_at)::float8 AS loop_age, nonce,"
+    " COALESCE(EXTRACT(EPOCH FROM attempt_due_at - now())::float8, 0) AS attempt_due_in,"
+    " recorded"
 )
 _VERSION = "SELECT version FROM request WHERE queue = %(queue)s AND id = %(id)s"
 
 
 def _request(row: Row) -> Request:
     strategy = row["build_strategy"]
+    verdict = row.get("verdict")
     return Request(
         **{
             **row,
             "state": RequestState(row["state"]),
             "build_strategy": BuildStrategy(strategy) if strategy is not None else None,
+            "kind": RequestKind(row.get("kind", "head")),
+            "verdict": Verdict(verdict) if verdict is not None else None,
         }
     )
 
@@ -85,7 +98,8 @@ class RequestStore(Store):
             return _request(
                 await self._compare_and_set(
                     "UPDATE request SET state = %(state)s, build_strategy = %(strategy)s,"
-                    " base_uri = %(base_uri)s, version = version + 1, updated_at = now()"
+                    " base_uri = %(base_uri)s, attempt = GREATEST(attempt, 1),"
+                    " attempt_due_at = now(), version = version + 1, updated_at = now()"
                     " WHERE queue = %(queue)s AND id = %(id)s AND version = %(version)s"
                     f" RETURNING {_COLUMNS}",
                     {**key, "state": to.value, "strategy": strategy.value, "base_uri": base_uri},
@@ -96,9 +110,13 @@ class RequestStore(Store):
             )
         if strategy is not None or base_uri is not None:
             raise ValueError("a build strategy is set only when moving to processing")
+        # an outcome set here is a build's verdict (succeeded green, failed red); a
+        # Request that could not be validated fails through `fail_unvalidated`
         return _request(
             await self._compare_and_set(
                 "UPDATE request SET state = %(state)s, version = version + 1,"
+                " verdict = CASE %(state)s WHEN 'succeeded' THEN 'green'"
+                "                          WHEN 'failed' THEN 'red' END,"
                 " updated_at = now()"
                 " WHERE queue = %(queue)s AND id = %(id)s AND version = %(version)s"
                 f" RETURNING {_COLUMNS}",
@@ -109,16 +127,43 @@ class RequestStore(Store):
             )
         )
 
-    async def claim_loop(self, request: Request, token: str) -> Request:
+    async def fail_unvalidated(self, request: Request, reason: str) -> Request:
+        """CAS the request (`accepted` or `processing`, at `request.version`) to `failed`
+        without a verdict — it could not be validated, for ``reason`` (a reconciler drove
+        it out). InvariantViolation from a terminal state, VersionMismatch when it changed
+        since it was read."""
+        key = {"queue": request.queue, "id": request.id}
+        if not request.state.can_become(RequestState.FAILED):
+            raise InvariantViolation(self.entity, key,
+                                     f"illegal transition {request.state} -> failed")
+        return _request(
+            await self._compare_and_set(
+                "UPDATE request SET state = 'failed', verdict = NULL, reason = %(reason)s,"
+                " version = version + 1, updated_at = now()"
+                " WHERE queue = %(queue)s AND id = %(id)s AND version = %(version)s"
+                f" RETURNING {_COLUMNS}",
+                {**key, "reason": reason},
+                version_query=_VERSION,
+                key=key,
+                expected_version=request.version,
+            )
+        )
+
+    async def claim_loop(self, request: Request, token: str, *,
+                         quiet: float = 0.0) -> Request:
         """Make ``token`` the Request's gate loop, if the loop is still ``request``'s
         (compare-and-set on the token; VersionMismatch when another loop took it first).
-        Marks the loop seen now, by the database's clock; the version is left alone."""
+        Marks the loop seen now, by the database's clock — or ``quiet`` seconds from now:
+        a loop about to wait longer than its usual delays (a dependency's outage) says when
+        it will be back, so the sweeper does not take it for lost meanwhile. The version
+        is left alone."""
         key = {"queue": request.queue, "id": request.id}
         row = await self._fetch_one(
-            "UPDATE request SET loop_token = %(new)s, loop_seen_at = now()"
+            "UPDATE request SET loop_token = %(new)s,"
+            " loop_seen_at = now() + make_interval(secs => %(quiet)s)"
             " WHERE queue = %(queue)s AND id = %(id)s AND loop_token = %(old)s"
             f" RETURNING {_COLUMNS}",
-            {**key, "new": token, "old": request.loop_token},
+            {**key, "new": token, "quiet": max(0.0, quiet), "old": request.loop_token},
             key=key,
         )
         if row is None:
@@ -127,12 +172,14 @@ class RequestStore(Store):
                                   actual_version=None)
         return _request(row)
 
-    async def touch_loop(self, queue: str, request_id: str) -> None:
-        """Mark the Request's loop seen now (the sweeper, after re-publishing it)."""
+    async def touch_loop(self, queue: str, request_id: str, *, quiet: float = 0.0) -> None:
+        """Mark the Request's loop seen now, or ``quiet`` seconds from now (see
+        `claim_loop`): the sweeper after re-publishing it, a trigger waiting out an
+        outage."""
         await self._fetch_one(
-            "UPDATE request SET loop_seen_at = now() WHERE queue = %(queue)s AND id = %(id)s"
-            " RETURNING id",
-            {"queue": queue, "id": request_id},
+            "UPDATE request SET loop_seen_at = now() + make_interval(secs => %(quiet)s)"
+            " WHERE queue = %(queue)s AND id = %(id)s RETURNING id",
+            {"queue": queue, "id": request_id, "quiet": max(0.0, quiet)},
             key={"queue": queue, "id": request_id},
         )
 
@@ -150,16 +197,52 @@ class RequestStore(Store):
 
     async def list_processing_without_build(self, older_than: float,
                                             limit: int) -> list[Request]:
-        """``processing`` Requests admitted more than ``older_than`` seconds ago that have
-        no build row yet (their BuildRequest may never have been sent)."""
+        """``processing`` Requests whose current attempt began (or fell due) more than
+        ``older_than`` seconds ago and has no build row yet (its BuildRequest may never
+        have been sent)."""
         rows = await self._fetch_all(
             f"SELECT {_COLUMNS} FROM request r WHERE state = 'processing'"
             " AND loop_seen_at < now() - make_interval(secs => %(age)s)"
             " AND updated_at < now() - make_interval(secs => %(age)s)"
-            " AND NOT EXISTS (SELECT 1 FROM build b"
-            "                 WHERE b.queue = r.queue AND b.request_id = r.id)"
+            " AND COALESCE(attempt_due_at, updated_at)"
+            "     < now() - make_interval(secs => %(age)s)"
+            " AND NOT EXISTS (SELECT 1 FROM build b WHERE b.queue = r.queue"
+            "                 AND b.request_id = r.id AND b.attempt = r.attempt)"
             " ORDER BY loop_seen_at LIMIT %(limit)s",
             {"age": older_than, "limit": limit},
             key={"state": "processing"},
         )
+        return [_request(row) for row in rows]
+
+    async def list_unrecorded(self, older_than: float, limit: int) -> list[Request]:
+        """Requests settled with a verdict more than ``older_than`` seconds ago whose fact
+        record has not written (a `record` message lost or dead-lettered): the index holds
+        only such rows, never history."""
+        rows = await self._fetch_all(
+            f"SELECT {_COLUMNS} FROM request WHERE verdict IS NOT NULL AND NOT recorded"
+            " AND updated_at < now() - make_interval(secs => %(age)s)"
+            " AND loop_seen_at < now() - make_interval(secs => %(age)s)"
+            " ORDER BY updated_at LIMIT %(limit)s",
+            {"age": older_than, "limit": limit},
+            key={"recorded": False},
+        )
+        return [_request(row) for row in rows]
+
+    async def newest_for_commit(self, queue: str, uri: str) -> Request | None:
+        """The newest Request (by ingest order, then validation) of commit ``uri``; None
+        when the commit was never ingested on ``queue``."""
+        row = await self._fetch_one(
+            f"SELECT {_COLUMNS} FROM request r WHERE r.queue = %(queue)s AND r.id = ("
+            " SELECT m.request_id FROM request_uri m"
+            " WHERE m.queue = %(queue)s AND m.uri = %(uri)s)",
+            {"queue": queue, "uri": uri}, key={"queue": queue, "uri": uri})
+        return _request(row) if row is not None else None
+
+    async def recent(self, queue: str, limit: int) -> list[Request]:
+        """The queue's newest ``limit`` Requests by (ingest order, validation), newest
+        first (the request_order_idx index)."""
+        rows = await self._fetch_all(
+            f"SELECT {_COLUMNS} FROM request WHERE queue = %(queue)s"
+            " ORDER BY request_seq(id) DESC, request_validation(id) DESC LIMIT %(limit)s",
+            {"queue": queue, "limit": limit}, key={"queue": queue})
         return [_request(row) for row in rows]

@@ -7,18 +7,14 @@ relied on are part of the write, so a change that still holds commits in one rou
 and one that no longer holds writes nothing and says so (the caller re-reads and decides
 again, exactly as after a lost compare-and-set). Under READ COMMITTED an UPDATE that waits
 for a concurrent writer re-checks its WHERE clause against the row that writer committed,
-which is what makes a condition in the WHERE clause as strong as a compare-and-set.
-
-Several entities change in one statement through data-modifying WITH clauses; a clause
-that must not run unless another did names that clause in its WHERE (``EXISTS (SELECT 1
-FROM x)``), which also orders them.
+which is what makes a condition in the WHERE clause as strong as a compare-and-set. The
+statements themselves are in `store.statements`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import LiteralString
 
 from store._base import Row, Store
 from store.builds import _build
@@ -31,32 +27,23 @@ from store.entities import (
     Request,
     RequestState,
     ValidationFact,
+    Verdict,
     check_degree,
 )
+from store.errors import NotFound
 from store.requests import _request
-
-_REQUEST = (
-    "r.queue, r.id, r.uri, r.state, r.build_strategy, r.base_uri, r.version, r.created_at,"
-    " r.updated_at, r.loop_token,"
-    " EXTRACT(EPOCH FROM now() - r.loop_seen_at)::float8 AS loop_age"
+from store.statements import (
+    ADMIT,
+    BUILD_COLUMNS,
+    END_ATTEMPT,
+    FACT_COLUMNS,
+    FIND_OR_MINT,
+    QUEUE_COLUMNS,
+    RECORD_FACT,
+    REQUEST_COLUMNS,
+    REQUEST_KEYS,
+    VALIDATE_AGAIN,
 )
-_QUEUE = (
-    "q.name AS q_name, q.last_green_uri AS q_last_green_uri,"
-    " q.last_green_request_id AS q_last_green_request_id,"
-    " q.in_flight_count AS q_in_flight_count, q.latest_request_id AS q_latest_request_id,"
-    " q.version AS q_version, q.created_at AS q_created_at, q.updated_at AS q_updated_at"
-)
-_BUILD = (
-    "b.queue AS b_queue, b.id AS b_id, b.request_id AS b_request_id, b.status AS b_status,"
-    " b.version AS b_version, b.created_at AS b_created_at, b.updated_at AS b_updated_at,"
-    " b.loop_token AS b_loop_token,"
-    " EXTRACT(EPOCH FROM now() - b.loop_seen_at)::float8 AS b_loop_age,"
-    " EXTRACT(EPOCH FROM now() - b.created_at)::float8 AS b_age"
-)
-_FACT = "queue, uri, project, degree, request_id, created_at"
-
-_REQUEST_KEYS = ("queue", "id", "uri", "state", "build_strategy", "base_uri", "version",
-                 "created_at", "updated_at", "loop_token", "loop_age")
 
 
 def _prefixed(row: Row, prefix: str) -> Row | None:
@@ -66,7 +53,7 @@ def _prefixed(row: Row, prefix: str) -> Row | None:
 
 
 def _request_of(row: Row) -> Request:
-    return _request({k: row[k] for k in _REQUEST_KEYS})
+    return _request({k: row[k] for k in REQUEST_KEYS})
 
 
 @dataclass(frozen=True)
@@ -76,6 +63,44 @@ class Minted:
     request_id: str
     state: RequestState  # the Request's state when the statement ran
     minted: bool  # a new Request was created for the head by this call
+    nonce: str = ""
+
+
+@dataclass(frozen=True)
+class Again:
+    """What asking to validate a commit again found or did (`StepStore.validate_again`)."""
+
+    newest_id: str | None  # the commit's newest Request before the call; None: never ingested
+    newest_state: RequestState | None
+    minted_id: str | None  # the new Request validating it again; None: none was minted
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How an attempt ends (decided by buildsignal or build from the Request it read):
+    ``settle`` the Request with ``outcome`` (its slot released), or start attempt n+1
+    after ``backoff`` seconds, counted as an ``unvalidated`` retry or a ``red`` re-run."""
+
+    settle: bool
+    outcome: RequestState | None = None
+    verdict: Verdict | None = None
+    reason: str = ""
+    again_after: str = ""  # "unvalidated" | "red" when not settling
+    backoff: float = 0.0
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What ending an attempt did: the build's stored (write-once) status, verdict and
+    reason (None without a build), and the Request as the statement left it when this
+    call ended the attempt (None: another delivery, a reconciler or a different stored
+    build status got there first — read again and decide again)."""
+
+    build_status: BuildStatus | None
+    build_verdict: Verdict | None
+    build_reason: str
+    request: Request | None
+    settled: bool  # the Request was settled (else: its next attempt began), if request
 
 
 @dataclass(frozen=True)
@@ -90,11 +115,17 @@ class Settled:
 
 @dataclass(frozen=True)
 class Recorded:
-    """What recording a fact did: the stored fact (first fact wins, so it may be another
-    Request's) and whether this fact's Request holds the bookmark now."""
+    """What recording a fact did: the stored fact (the Request's own, or the commit's
+    green fact that refused it) and whether this fact's Request holds the bookmark now."""
 
     fact: ValidationFact | None  # None: a concurrent writer's fact is not visible yet
     holds_bookmark: bool
+
+
+def verdict_of(status: BuildStatus) -> Verdict | None:
+    """The verdict a build that ran and ended with ``status`` gives."""
+    return {BuildStatus.SUCCEEDED: Verdict.GREEN,
+            BuildStatus.FAILED: Verdict.RED}.get(status)
 
 
 class StepStore(Store):
@@ -107,7 +138,7 @@ class StepStore(Store):
         """The Request and its queue's row (None if the queue has no row yet), in one
         read. NotFound if the Request is absent."""
         row = await self._get_row(
-            f"SELECT {_REQUEST}, {_QUEUE} FROM request r"
+            f"SELECT {REQUEST_COLUMNS}, {QUEUE_COLUMNS} FROM request r"
             " LEFT JOIN queue q ON q.name = r.queue"
             " WHERE r.queue = %(queue)s AND r.id = %(id)s",
             {"queue": queue, "id": request_id},
@@ -116,281 +147,199 @@ class StepStore(Store):
         fields = _prefixed(row, "q_")
         return _request_of(row), Queue(**fields) if fields is not None else None
 
-    async def request_with_first_build(self, queue: str,
-                                       request_id: str) -> tuple[Request, str | None]:
-        """The Request and the id of its first build (None if it has none), in one read.
-        NotFound if the Request is absent."""
+    async def request_with_attempt_build(self, queue: str,
+                                         request_id: str) -> tuple[Request, str | None]:
+        """The Request and the id of the build of its current attempt (None if that
+        attempt has none yet), in one read. NotFound if the Request is absent."""
         row = await self._get_row(
-            f"SELECT {_REQUEST}, (SELECT b.id FROM build b"
-            "  WHERE b.queue = r.queue AND b.request_id = r.id"
-            "  ORDER BY b.created_at, b.id LIMIT 1) AS first_build_id"
+            f"SELECT {REQUEST_COLUMNS}, (SELECT b.id FROM build b"
+            "  WHERE b.queue = r.queue AND b.request_id = r.id AND b.attempt = r.attempt"
+            "  ORDER BY b.created_at, b.id LIMIT 1) AS attempt_build_id"
             " FROM request r WHERE r.queue = %(queue)s AND r.id = %(id)s",
             {"queue": queue, "id": request_id},
             key={"queue": queue, "id": request_id},
         )
-        return _request_of(row), row["first_build_id"]
+        return _request_of(row), row["attempt_build_id"]
 
     async def build_with_request(self, queue: str, build_id: str) -> tuple[Build, Request]:
         """The build and its Request, in one read. NotFound if the build is absent."""
-        row = await self._get_row(
-            f"SELECT {_REQUEST}, {_BUILD} FROM build b"
+        key = {"queue": queue, "id": build_id}
+        row = await self._fetch_one(
+            f"SELECT {REQUEST_COLUMNS}, {BUILD_COLUMNS} FROM build b"
             " JOIN request r ON r.queue = b.queue AND r.id = b.request_id"
-            " WHERE b.queue = %(queue)s AND b.id = %(id)s",
-            {"queue": queue, "id": build_id},
-            key={"queue": queue, "id": build_id},
-        )
+            " WHERE b.queue = %(queue)s AND b.id = %(id)s", key, key=key)
+        if row is None:
+            raise NotFound("build", key)
         build = _prefixed(row, "b_")
         assert build is not None
         return _build(build), _request_of(row)
 
     # --- state changes ---------------------------------------------------------------
 
-    async def find_or_mint(self, queue: str, uri: str) -> Minted:
+    async def find_or_mint(self, queue: str, uri: str, *,
+                           lease_holder: str | None = None) -> Minted | None:
         """ingest: the Request of head ``uri``, minting one when the head has none (or
         only a superseded one, or a mapping whose Request was never written: a head the
         branch came back to must be validated after all), and the queue's latest pointer
-        moved forward to it. One statement: counter, Request, mapping and latest commit
-        together. The caller holds the queue's lock (`Transaction.lock_queue`), so no two
-        of these run at once for a queue, and the statement's snapshot, taken after the
-        lock, sees every earlier one."""
-        row = await self._fetch_one(_FIND_OR_MINT, {
+        moved forward to it. When the head's newest Request failed without a verdict, a
+        new validation of it (`…/<n>.<k>`, sorting where it was first ingested) is minted:
+        a head ingested after an outage is validated again by itself; after a red verdict
+        it is not. One statement: counter, Request, mapping and latest commit together.
+
+        Ingests of a queue are serialized: by the queue's ingest lease, which the
+        statement checks and releases (``lease_holder``; None when the caller holds the
+        queue's lock instead, `Transaction.lock_queue`). None when the lease is no longer
+        the caller's (nothing was written), or when a concurrent validation of the same
+        head took the id first (read again)."""
+        row = await self._fetch_one(FIND_OR_MINT, {
+            "queue": queue, "uri": uri, "prefix": f"{REQUEST_ID_PREFIX}{queue}/",
+            "holder": lease_holder}, key={"queue": queue, "uri": uri})
+        if row is None:
+            return None
+        return Minted(row["id"], RequestState(row["state"]), row["minted"], row["nonce"])
+
+    async def validate_again(self, queue: str, uri: str) -> Again:
+        """An explicit retry: a new Request (`…/<n>.<k>`, kind `retry`) validating commit
+        ``uri`` again, when its newest Request ended `failed` (either way), `cancelled` or
+        `superseded`; it sorts where the commit was first ingested, so it supersedes no
+        newer head, and the queue's latest moves to it only if it is newer by that order.
+        Nothing is minted when the commit was never ingested, is green, or is being
+        validated now (`Again.newest_state` says which)."""
+        row = await self._fetch_one(VALIDATE_AGAIN, {
             "queue": queue, "uri": uri, "prefix": f"{REQUEST_ID_PREFIX}{queue}/"},
             key={"queue": queue, "uri": uri})
-        assert row is not None  # either the head's Request or a new one
-        return Minted(row["id"], RequestState(row["state"]), row["minted"])
+        if row is None:
+            return Again(None, None, None)
+        return Again(row["newest_id"], RequestState(row["newest_state"]), row["minted_id"])
 
     async def admit(self, request: Request, *, strategy: BuildStrategy,
                     base_uri: str | None, max_concurrent: int,
                     last_green_request_id: str | None,
                     status_channels: Sequence[str] = ()) -> Request | None:
         """process: take a slot of the Request's queue and move the Request to
-        `processing` with its build strategy, in one statement — only if the Request is
-        still the one read (same version, `accepted`), the queue has a free slot, no newer
-        Request is the queue's latest, and the bookmark the strategy was decided from
+        `processing` with its build strategy and its first attempt, in one statement —
+        only if the Request is still the one read (same version, `accepted`), the queue
+        has a free slot, no newer Request is the queue's latest (unless the Request is a
+        `retry`, which nothing supersedes), and the bookmark the strategy was decided from
         (``last_green_request_id``) has not moved. None when any of that no longer holds:
         nothing was written; read again and decide again. With ``status_channels`` the
         Request's `pending` commit status joins the outbox in the same statement."""
         if (strategy is BuildStrategy.INCREMENTAL) != (base_uri is not None):
             raise ValueError(f"an incremental build needs a base URI and a full one takes "
                              f"none (got {strategy}, base_uri={base_uri!r})")
-        row = await self._fetch_one(_ADMIT, {
+        seq, validation = request.order
+        row = await self._fetch_one(ADMIT, {
             "queue": request.queue, "id": request.id, "version": request.version,
-            "seq": request.seq, "max": max_concurrent, "last_green": last_green_request_id,
+            "seq": seq, "validation": validation, "kind": request.kind.value,
+            "max": max_concurrent, "last_green": last_green_request_id,
             "strategy": strategy.value, "base_uri": base_uri,
             "status_channels": list(status_channels)},
             key={"queue": request.queue, "id": request.id})
         return _request(row) if row is not None else None
 
+    async def end_attempt(self, request: Request, end: AttemptEnd, *,
+                          build: Build | None = None,
+                          build_status: BuildStatus | None = None,
+                          build_verdict: Verdict | None = None, build_reason: str = "",
+                          status_channels: Sequence[str] = ()) -> Ended:
+        """buildsignal (or build, when a trigger never succeeded): end the Request's
+        current attempt as ``end`` says, in one statement. With ``build``, its terminal
+        ``build_status`` (and verdict and reason) is stored first — write-once: one stored
+        first stays — and the Request changes only if the stored build says what ``end``
+        was decided from. The Request changes only if it is still the one read (same
+        version, `processing`, the same attempt): settled with its outcome and its slot
+        released, or moved to its next attempt (keeping its slot), due after the backoff.
+        A Request settled without a verdict (cancelled, or failed because it could not be
+        validated) gets its final commit status (`error`) here: it will have no fact."""
+        if build is not None and (build_status is None or not build_status.is_terminal):
+            raise ValueError(f"ending an attempt with a build needs its terminal status, got "
+                             f"{build_status}")
+        if end.settle and end.outcome is None:
+            raise ValueError("settling a Request needs its outcome")
+        row = await self._fetch_one(END_ATTEMPT, {
+            "queue": request.queue, "request_id": request.id, "version": request.version,
+            "attempt": request.attempt,
+            "build_id": build.id if build is not None else None,
+            "status": build_status.value if build_status is not None else None,
+            "b_verdict": build_verdict.value if build_verdict is not None else None,
+            "b_reason": build_reason, "settle": end.settle,
+            "outcome": end.outcome.value if end.outcome is not None else None,
+            "r_verdict": end.verdict.value if end.verdict is not None else None,
+            "r_reason": end.reason, "unvalidated": int(end.again_after == "unvalidated"),
+            "red": int(end.again_after == "red"), "backoff": max(0.0, end.backoff),
+            "status_channels": list(status_channels)},
+            key={"queue": request.queue, "id": request.id})
+        assert row is not None
+        stored = row["build_status"]
+        verdict = row["build_verdict"]
+        changed = _request_of(row) if row["id"] is not None else None
+        return Ended(BuildStatus(stored) if stored is not None else None,
+                     Verdict(verdict) if verdict is not None else None,
+                     row["build_reason"] or "", changed, row["ended"] == "settled")
+
     async def settle(self, build: Build, status: BuildStatus,
                      status_channels: Sequence[str] = ()) -> Settled:
-        """buildsignal: store a terminal ``status`` on the build (write-once: a terminal
-        status stored first stays), and if the build's Request is still `processing`,
-        stamp the outcome the stored status projects to and release the queue's slot —
-        one statement, so the first terminal build of a Request settles it and every later
-        one finds it settled. A Request settled `cancelled` gets no fact: with
-        ``status_channels`` its final commit status (`error`) joins the outbox here."""
+        """Store a terminal ``status`` on the build (write-once) and settle its Request, if
+        still `processing`, with the outcome the stored status projects to (a build that
+        ran: succeeded is a green verdict, failed a red one; cancelled has none) — no
+        re-attempt. For callers that settle directly (the store's own tests and tools);
+        the pipeline decides through `end_attempt`."""
         if not status.is_terminal:
             raise ValueError(f"settling needs a terminal status, got {status}")
-        row = await self._fetch_one(_SETTLE, {
-            "queue": build.queue, "id": build.id, "request_id": build.request_id,
-            "status": status.value, "status_channels": list(status_channels)},
-            key={"queue": build.queue, "id": build.id})
-        assert row is not None
-        settled = _request_of(row) if row["id"] is not None else None
-        return Settled(BuildStatus(row["build_status"]), settled)
+        stored: BuildStatus = status
+        for _ in range(2):  # a second time from the status another delivery stored first
+            request = await self._request(build.queue, build.request_id)
+            verdict = verdict_of(status)
+            ended = await self.end_attempt(
+                request, AttemptEnd(settle=True, outcome=status.request_outcome,
+                                    verdict=verdict,
+                                    reason="its build was cancelled"
+                                    if status is BuildStatus.CANCELLED else ""),
+                build=build, build_status=status, build_verdict=verdict,
+                status_channels=status_channels)
+            assert ended.build_status is not None
+            stored = ended.build_status
+            if ended.request is not None or stored is status:
+                break
+            status = stored
+        return Settled(stored, ended.request)
+
+    async def _request(self, queue: str, request_id: str) -> Request:
+        row = await self._get_row(f"SELECT {REQUEST_COLUMNS} FROM request r"
+                                  " WHERE r.queue = %(queue)s AND r.id = %(id)s",
+                                  {"queue": queue, "id": request_id},
+                                  key={"queue": queue, "id": request_id})
+        return _request_of(row)
 
     async def record_fact(self, queue: str, uri: str, *, request_id: str,
-                          degree: float, status_channels: Sequence[str] = (),
+                          degree: float, attempts: int = 1, flaky: bool = False,
+                          status_channels: Sequence[str] = (),
                           alert_channels: Sequence[str] = ()) -> Recorded:
-        """record: write the fact for ``uri`` (first fact wins: an existing one stays) and,
-        when the stored fact is this Request's and green, move the bookmark to it unless
-        it already names a newer Request — one statement. ``holds_bookmark`` is whether
-        this Request holds the bookmark afterwards (moved now or by an earlier delivery).
+        """record: write the Request's fact (first fact wins: an existing one stays; a
+        commit has at most one green fact) and, when the stored fact is this Request's
+        and green, move the bookmark to it unless it already names a newer Request — one
+        statement, which also marks the Request recorded (the sweeper looks for settled
+        verdicts that are not). ``holds_bookmark`` is whether this Request holds the
+        bookmark afterwards (moved now or by an earlier delivery).
 
         A newly written fact also decides the queue's greenness, if its Request is the
-        newest (by ingest order) with a fact — a late fact of an older commit changes
-        nothing — and puts in the outbox, in the same statement, the Request's final
-        commit status (``status_channels``) and, when the greenness changed, an alert
-        (``alert_channels``): red on any change to red, including a queue's first fact;
-        green on a change from red. A redelivery writes no fact, so it adds nothing."""
-        row = await self._fetch_one(_RECORD_FACT, {
+        newest (by ingest order, then validation) with a fact — a late fact of an older
+        commit changes nothing — and puts in the outbox, in the same statement, the
+        Request's final commit status (``status_channels``) and, when the greenness
+        changed, an alert (``alert_channels``): red on any change to red, including a
+        queue's first fact; green on a change from red. A redelivery writes no fact, so
+        it adds nothing."""
+        row = await self._fetch_one(RECORD_FACT, {
             "queue": queue, "uri": uri, "project": "", "degree": check_degree(degree),
-            "request_id": request_id, "status_channels": list(status_channels),
+            "request_id": request_id, "attempts": attempts, "flaky": flaky,
+            "status_channels": list(status_channels),
             "alert_channels": list(alert_channels)},
             key={"queue": queue, "uri": uri, "project": ""},
             request_key={"queue": queue, "id": request_id})
         if row is None:
             return Recorded(None, False)
-        fact = ValidationFact(**{k: row[k] for k in _FACT.split(", ")})
+        fact = ValidationFact(**{k: row[k] for k in FACT_COLUMNS.split(", ")})
         holder = row["moved_to"] or row["holder_before"]
         return Recorded(fact, holder == request_id)
 
 
-def _sql(text: LiteralString) -> LiteralString:
-    return " ".join(text.split())
-
-
-_FIND_OR_MINT = _sql("""
-WITH mapped AS (
-    SELECT m.request_id, r.state
-      FROM request_uri m LEFT JOIN request r ON r.queue = m.queue AND r.id = m.request_id
-     WHERE m.queue = %(queue)s AND m.uri = %(uri)s
-), reused AS (
-    SELECT request_id AS id, state FROM mapped
-     WHERE state IS NOT NULL AND state <> 'superseded'
-), drawn AS (
-    INSERT INTO queue_counter (queue, value)
-    SELECT %(queue)s, 1 WHERE NOT EXISTS (SELECT 1 FROM reused)
-    ON CONFLICT (queue) DO UPDATE SET value = queue_counter.value + 1
-    RETURNING value
-), minted AS (
-    INSERT INTO request (queue, id, uri)
-    SELECT %(queue)s, %(prefix)s || value, %(uri)s FROM drawn
-    RETURNING id, state
-), mapping AS (
-    INSERT INTO request_uri (queue, uri, request_id)
-    SELECT %(queue)s, %(uri)s, id FROM minted
-    ON CONFLICT (queue, uri) DO UPDATE SET request_id = EXCLUDED.request_id
-    RETURNING request_id
-), chosen AS (
-    SELECT id, state, true AS minted FROM minted
-    UNION ALL
-    SELECT id, state, false FROM reused
-), latest AS (
-    INSERT INTO queue (name, latest_request_id)
-    SELECT %(queue)s, id FROM chosen
-    ON CONFLICT (name) DO UPDATE
-       SET latest_request_id = EXCLUDED.latest_request_id,
-           version = queue.version + 1, updated_at = now()
-     WHERE queue.latest_request_id IS NULL
-        OR request_seq(queue.latest_request_id) < request_seq(EXCLUDED.latest_request_id)
-    RETURNING name
-)
-SELECT id, state, minted FROM chosen
-""")
-
-_ADMIT = _sql(f"""
-WITH candidate AS (
-    SELECT id FROM request
-     WHERE queue = %(queue)s AND id = %(id)s AND version = %(version)s
-       AND state = 'accepted'
-       FOR UPDATE
-), slot AS (
-    UPDATE queue SET in_flight_count = in_flight_count + 1,
-                     version = version + 1, updated_at = now()
-     WHERE name = %(queue)s
-       AND EXISTS (SELECT 1 FROM candidate)
-       AND in_flight_count < %(max)s
-       AND (latest_request_id IS NULL OR request_seq(latest_request_id) <= %(seq)s)
-       AND last_green_request_id IS NOT DISTINCT FROM %(last_green)s
-    RETURNING name
-), admitted AS (
-    UPDATE request r SET state = 'processing', build_strategy = %(strategy)s,
-                         base_uri = %(base_uri)s, version = r.version + 1,
-                         updated_at = now()
-     WHERE r.queue = %(queue)s AND r.id = %(id)s AND EXISTS (SELECT 1 FROM slot)
-    RETURNING {_REQUEST}
-), pending AS (
-    INSERT INTO notification (queue, key, channel, stream, event)
-    SELECT a.queue, 'status:' || ch || ':' || a.id || ':pending', ch, a.id,
-           jsonb_build_object('kind', 'status', 'state', 'pending', 'request_id', a.id,
-                              'uri', a.uri, 'at', now())
-      FROM admitted a CROSS JOIN unnest(%(status_channels)s::text[]) AS ch
-    ON CONFLICT (queue, key) DO NOTHING
-)
-SELECT * FROM admitted
-""")
-
-_SETTLE = _sql(f"""
-WITH stamped AS (
-    UPDATE build SET status = %(status)s, version = version + 1, updated_at = now()
-     WHERE queue = %(queue)s AND id = %(id)s AND status IN ('accepted', 'running')
-    RETURNING status
-), stored AS (
-    SELECT status FROM stamped
-    UNION ALL
-    SELECT status FROM build
-     WHERE queue = %(queue)s AND id = %(id)s AND NOT EXISTS (SELECT 1 FROM stamped)
-), settled AS (
-    UPDATE request r SET state = s.status, version = r.version + 1, updated_at = now()
-      FROM stored s
-     WHERE r.queue = %(queue)s AND r.id = %(request_id)s AND r.state = 'processing'
-       AND s.status IN ('succeeded', 'failed', 'cancelled')
-    RETURNING {_REQUEST}
-), released AS (
-    UPDATE queue SET in_flight_count = in_flight_count - 1,
-                     version = version + 1, updated_at = now()
-     WHERE name = %(queue)s AND EXISTS (SELECT 1 FROM settled)
-    RETURNING name
-), ended_without_fact AS (
-    INSERT INTO notification (queue, key, channel, stream, event)
-    SELECT s.queue, 'status:' || ch || ':' || s.id || ':final', ch, s.id,
-           jsonb_build_object('kind', 'status', 'state', 'error', 'request_id', s.id,
-                              'uri', s.uri, 'description', 'its build was cancelled',
-                              'at', now())
-      FROM settled s CROSS JOIN unnest(%(status_channels)s::text[]) AS ch
-     WHERE s.state = 'cancelled'
-    ON CONFLICT (queue, key) DO NOTHING
-)
-SELECT (SELECT status FROM stored) AS build_status,
-       (SELECT count(*) FROM released) AS slots_released, r.*
-  FROM (SELECT 1) AS one LEFT JOIN settled r ON true
-""")
-
-_RECORD_FACT = _sql(f"""
-WITH inserted AS (
-    INSERT INTO validation_fact (queue, uri, project, degree, request_id)
-    VALUES (%(queue)s, %(uri)s, %(project)s, %(degree)s, %(request_id)s)
-    ON CONFLICT (queue, uri, project) DO NOTHING
-    RETURNING {_FACT}
-), fact AS (
-    SELECT {_FACT} FROM inserted
-    UNION ALL
-    SELECT {_FACT} FROM validation_fact
-     WHERE queue = %(queue)s AND uri = %(uri)s AND project = %(project)s
-       AND NOT EXISTS (SELECT 1 FROM inserted)
-), moved AS (
-    UPDATE queue SET last_green_uri = %(uri)s, last_green_request_id = %(request_id)s,
-                     version = version + 1, updated_at = now()
-     WHERE name = %(queue)s
-       AND EXISTS (SELECT 1 FROM fact WHERE request_id = %(request_id)s AND degree = 0)
-       AND (last_green_request_id IS NULL
-            OR request_seq(last_green_request_id) < request_seq(%(request_id)s))
-    RETURNING last_green_request_id
-), health AS (
-    INSERT INTO queue_health AS h (queue, greenness, decided_request_id, transitions)
-    SELECT queue, CASE WHEN degree = 0 THEN 'green' ELSE 'red' END, request_id, 1
-      FROM inserted
-    ON CONFLICT (queue) DO UPDATE
-       SET previous_greenness = h.greenness, greenness = EXCLUDED.greenness,
-           decided_request_id = EXCLUDED.decided_request_id,
-           transitions = h.transitions
-               + CASE WHEN h.greenness IS DISTINCT FROM EXCLUDED.greenness THEN 1 ELSE 0 END,
-           updated_at = now()
-     WHERE h.decided_request_id IS NULL
-        OR request_seq(h.decided_request_id) < request_seq(EXCLUDED.decided_request_id)
-    RETURNING greenness, previous_greenness, transitions
-), final_status AS (
-    INSERT INTO notification (queue, key, channel, stream, event)
-    SELECT i.queue, 'status:' || ch || ':' || i.request_id || ':final', ch, i.request_id,
-           jsonb_build_object('kind', 'status',
-                              'state', CASE WHEN i.degree = 0 THEN 'success' ELSE 'failure' END,
-                              'request_id', i.request_id, 'uri', i.uri,
-                              'degree', i.degree, 'at', i.created_at)
-      FROM inserted i CROSS JOIN unnest(%(status_channels)s::text[]) AS ch
-    ON CONFLICT (queue, key) DO NOTHING
-), alert AS (
-    INSERT INTO notification (queue, key, channel, stream, event)
-    SELECT i.queue, 'alert:' || ch || ':greenness:' || h.transitions, ch, 'alerts',
-           jsonb_build_object('kind', 'alert', 'event', h.greenness, 'queue', i.queue,
-                              'request_id', i.request_id, 'uri', i.uri,
-                              'previous', h.previous_greenness, 'at', i.created_at)
-      FROM inserted i CROSS JOIN health h CROSS JOIN unnest(%(alert_channels)s::text[]) AS ch
-     WHERE h.greenness IS DISTINCT FROM h.previous_greenness
-       AND (h.previous_greenness IS NOT NULL OR h.greenness = 'red')
-    ON CONFLICT (queue, key) DO NOTHING
-)
-SELECT f.*, (SELECT last_green_request_id FROM moved) AS moved_to,
-       (SELECT last_green_request_id FROM queue WHERE name = %(queue)s) AS holder_before
-  FROM fact f
-""")

@@ -36,14 +36,34 @@ def test_the_first_to_decide_a_build_decides_it(migrated_dsn: str) -> None:
             running = await rows.record("cmd-1", "host-a", RUNNING)
             assert running is not None and running.started_at is not None
             assert await rows.record("cmd-1", "host-b", RUNNING) is None  # not B's build
-            assert await rows.fail_if_silent("cmd-1", 30.0) is None  # heartbeat is fresh
+            # host B judges, with its own heartbeats as evidence the database was up: it
+            # has been up, without a gap, for 40 s
+            assert await db.worker_hosts.heartbeat("host-b", 6.0) == pytest.approx(0, abs=1)
+            async with db.pool.connection() as conn:
+                await conn.execute("UPDATE worker_host SET up_since = now()"
+                                   " - interval '40 seconds' WHERE host = 'host-b'")
+            assert await rows.fail_if_silent("cmd-1", 30.0, declarer="host-b",
+                                             gap=6.0) is None  # the heartbeat is fresh
             assert await rows.heartbeat("host-a", "/w") == 1
             assert await rows.heartbeat("host-a", "/other") == 0
 
             async with db.pool.connection() as conn:
                 await conn.execute("UPDATE command_build SET heartbeat_at = now()"
                                    " - interval '40 seconds' WHERE build_id = 'cmd-1'")
-            lost = await rows.fail_if_silent("cmd-1", 30.0)
+            # host B's own heartbeats had a gap (the database was away): no evidence yet
+            async with db.pool.connection() as conn:
+                await conn.execute("UPDATE worker_host SET heartbeat_at = now()"
+                                   " - interval '40 seconds' WHERE host = 'host-b'")
+            assert await db.worker_hosts.heartbeat("host-b", 6.0) == pytest.approx(0, abs=1)
+            assert await rows.fail_if_silent("cmd-1", 30.0, declarer="host-b",
+                                             gap=6.0) is None
+            async with db.pool.connection() as conn:  # and then up for 40 s
+                await conn.execute("UPDATE worker_host SET up_since = now()"
+                                   " - interval '40 seconds' WHERE host = 'host-b'")
+            # a host whose own heartbeat is stale has no say either
+            assert await rows.fail_if_silent("cmd-1", 30.0, declarer="host-b",
+                                             gap=0.0) is None
+            lost = await rows.fail_if_silent("cmd-1", 30.0, declarer="host-b", gap=6.0)
             assert lost is not None and (lost.status, lost.reason) == (BuildStatus.FAILED,
                                                                        "host_lost")
             assert lost.detail.startswith("host host-a stopped heartbeating (last seen ")

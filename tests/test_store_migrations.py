@@ -18,6 +18,8 @@ from streams.cli.db import db_group
 pytestmark = pytest.mark.postgres
 
 TABLES = {
+    "worker_host",
+    "ingest_lease",
     "queue",
     "request",
     "request_uri",

@@ -307,15 +307,23 @@ def test_record_fact_of_a_red_build_leaves_the_bookmark(migrated_dsn: str) -> No
     with_db(migrated_dsn, body)
 
 
-def test_record_fact_returns_the_first_fact_of_a_commit(migrated_dsn: str) -> None:
+def test_record_fact_keeps_every_requests_fact_and_one_green_per_commit(
+        migrated_dsn: str) -> None:
     async def body(db: Database) -> None:
         first = await _settled(db, "u1", BuildStatus.FAILED)
         await db.steps.record_fact(Q, "u1", request_id=first, degree=1.0)
-        other = await db.requests.create(Q, make_request_id(Q, 99), "u1")
-        recorded = await db.steps.record_fact(Q, "u1", request_id=other.id, degree=0.0)
-        assert recorded.fact is not None and recorded.fact.request_id == first
-        assert recorded.fact.degree == 1.0 and not recorded.holds_bookmark
-        assert (await db.queues.get(Q)).last_green_request_id is None
+        again = await db.requests.create(Q, make_request_id(Q, 1, validation=2), "u1")
+        recorded = await db.steps.record_fact(Q, "u1", request_id=again.id, degree=0.0)
+        # the second validation has a fact of its own; the red one stays readable
+        assert recorded.fact is not None and recorded.fact.request_id == again.id
+        assert recorded.fact.is_green and recorded.holds_bookmark
+        assert (await db.facts.of_request(Q, first)).degree == 1.0  # type: ignore[union-attr]
+        assert (await db.facts.get(Q, "u1")).request_id == again.id  # the newest answers
+        # a commit has one green fact: another Request's green is refused with it
+        third = await db.requests.create(Q, make_request_id(Q, 1, validation=3), "u1")
+        refused = await db.steps.record_fact(Q, "u1", request_id=third.id, degree=0.0)
+        assert refused.fact is not None and refused.fact.request_id == again.id
+        assert (await db.queues.get(Q)).last_green_request_id == again.id
 
     with_db(migrated_dsn, body)
 

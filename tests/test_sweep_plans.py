@@ -26,26 +26,30 @@ def _fill_history(dsn: str) -> None:
         conn.execute("INSERT INTO queue (name) SELECT 'q' || g FROM generate_series(1, 100) g")
         conn.execute(
             "INSERT INTO request (queue, id, uri, state, build_strategy, version,"
-            "                     created_at, updated_at)"
+            "                     created_at, updated_at, attempt, verdict, recorded)"
             " SELECT 'q' || (g %% 100 + 1), 'request/q' || (g %% 100 + 1) || '/' || g,"
             "        'fake://r/' || g, CASE WHEN g %% 2 = 0 THEN 'succeeded' ELSE 'failed' END,"
-            "        'full', 3, now() - interval '2 days', now() - interval '2 days'"
+            "        'full', 3, now() - interval '2 days', now() - interval '2 days', 1,"
+            "        CASE WHEN g %% 2 = 0 THEN 'green' ELSE 'red' END, true"
             " FROM generate_series(1, %s) g", (HISTORY,))
         conn.execute(
-            "INSERT INTO build (queue, id, request_id, status, created_at, updated_at)"
+            "INSERT INTO build (queue, id, request_id, status, verdict, created_at,"
+            "                   updated_at)"
             " SELECT queue, 'b-' || id, id, CASE WHEN state = 'succeeded' THEN 'succeeded'"
-            "        ELSE 'failed' END, created_at, updated_at FROM request")
+            "        ELSE 'failed' END, verdict, created_at, updated_at FROM request")
         # a few live rows, long unseen, so each query has something to find
         conn.execute(
-            "INSERT INTO request (queue, id, uri, state, build_strategy) VALUES"
-            " ('q1', 'request/q1/a', 'fake://r/a', 'accepted', NULL),"
-            " ('q2', 'request/q2/p', 'fake://r/p', 'processing', 'full'),"
-            " ('q3', 'request/q3/b', 'fake://r/b', 'processing', 'full')")
+            "INSERT INTO request (queue, id, uri, state, build_strategy, attempt, verdict,"
+            "                     recorded) VALUES"
+            " ('q1', 'request/q1/a', 'fake://r/a', 'accepted', NULL, 0, NULL, false),"
+            " ('q2', 'request/q2/p', 'fake://r/p', 'processing', 'full', 1, NULL, false),"
+            " ('q3', 'request/q3/b', 'fake://r/b', 'processing', 'full', 1, NULL, false),"
+            " ('q4', 'request/q4/u', 'fake://r/u', 'succeeded', 'full', 1, 'green', false)")
         conn.execute("INSERT INTO build (queue, id, request_id, status)"
                      " VALUES ('q3', 'b-live', 'request/q3/b', 'running')")
         conn.execute("UPDATE request SET loop_seen_at = now() - interval '1 hour',"
                      " updated_at = now() - interval '1 hour'"
-                     " WHERE state IN ('accepted', 'processing')")
+                     " WHERE state IN ('accepted', 'processing') OR NOT recorded")
         conn.execute("UPDATE build SET loop_seen_at = now() - interval '1 hour'"
                      " WHERE status IN ('accepted', 'running')")
         conn.execute("ANALYZE request")
@@ -70,6 +74,8 @@ def _scans_of(dsn: str, query: Callable[[Transaction], Awaitable[list[Any]]]
      "request", ["request/q2/p"]),
     ("live builds, unseen", lambda tx: tx.builds.list_unseen_live(5, 100),
      "build", ["b-live"]),
+    ("verdicts without a fact", lambda tx: tx.requests.list_unrecorded(5, 100),
+     "request", ["request/q4/u"]),
 ])
 def test_each_sweep_query_reads_live_rows_only(migrated_dsn: str, what: str, query: Any,
                                                table: str, expected: list[str]) -> None:
