@@ -59,6 +59,7 @@ class ProcessRequest(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     QUEUE_NAME_FIELD_NUMBER: _builtins.int
     LOOP_FIELD_NUMBER: _builtins.int
+    NONCE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Request id, "request/<queue>/<n>"."""
     queue_name: _builtins.str
@@ -70,16 +71,22 @@ class ProcessRequest(_message.Message):
     produced). Empty: a fresh publication, which takes the loop over; a token that no
     longer matches the row marks a duplicate loop, which ends (design §6, liveness).
     """
+    nonce: _builtins.str
+    """The Request's nonce (minted with its row): a message acts only on the Request it was
+    about, even after a database restore handed its id to another one (design §10).
+    Empty on payloads from before nonces.
+    """
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         queue_name: _builtins.str = ...,
         loop: _builtins.str = ...,
+        nonce: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "loop", b"loop", "queue_name", b"queue_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "loop", b"loop", "nonce", b"nonce", "queue_name", b"queue_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -95,18 +102,28 @@ class BuildRequest(_message.Message):
 
     ID_FIELD_NUMBER: _builtins.int
     QUEUE_NAME_FIELD_NUMBER: _builtins.int
+    NONCE_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Request id."""
     queue_name: _builtins.str
+    nonce: _builtins.str
+    """See ProcessRequest.nonce."""
+    attempt: _builtins.int
+    """The attempt (build) of the Request to trigger, from 1; a message about an attempt
+    that is over ends. 0: the Request's current attempt (payloads from before attempts).
+    """
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         queue_name: _builtins.str = ...,
+        nonce: _builtins.str = ...,
+        attempt: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "queue_name", b"queue_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "id", b"id", "nonce", b"nonce", "queue_name", b"queue_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -155,18 +172,22 @@ class Record(_message.Message):
 
     ID_FIELD_NUMBER: _builtins.int
     QUEUE_NAME_FIELD_NUMBER: _builtins.int
+    NONCE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Request id."""
     queue_name: _builtins.str
+    nonce: _builtins.str
+    """See ProcessRequest.nonce."""
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         queue_name: _builtins.str = ...,
+        nonce: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "queue_name", b"queue_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "nonce", b"nonce", "queue_name", b"queue_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

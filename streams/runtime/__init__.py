@@ -14,6 +14,8 @@ from streams.runtime.outcome import (
     Outcome,
     Retryable,
     RetryableError,
+    Wait,
 )
 
-__all__ = ["ACK", "Ack", "Hold", "NonRetryable", "Outcome", "Retryable", "RetryableError"]
+__all__ = ["ACK", "Ack", "Hold", "NonRetryable", "Outcome", "Retryable", "RetryableError",
+           "Wait"]

@@ -62,6 +62,13 @@ def outcome_of_exception(exc: BaseException) -> Outcome:
     return NonRetryable(exc)
 
 
+def is_backpressure(exc: BaseException) -> bool:
+    """Whether ``exc`` says no pooled database connection came free in time: the database
+    answers, the worker is busy. Waited out in place like an outage, but told apart in the
+    log and the metrics (it is no evidence that anything is down)."""
+    return isinstance(exc, psycopg_pool.PoolTimeout)
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` (or what it wraps) says the broker or the database is unreachable."""
     seen: set[int] = set()

@@ -13,6 +13,10 @@ WAS_DUE_MS = "stovepipe-was-due-ms"
 # where a retried message was first delivered ("<partition>:<offset>"): a retry is the
 # same delivery tried again, a hold is a new turn (streams.stages.loops)
 ORIGIN = "stovepipe-origin"
+# a message waiting out a dependency's outage: how many waits in a row, and since when
+# (epoch ms, the first waiting worker's clock); a hold removes both
+WAITS = "stovepipe-waits"
+WAITING_SINCE_MS = "stovepipe-waiting-since-ms"
 
 DLQ_SOURCE_TOPIC = "dlq-source-topic"
 DLQ_SOURCE_PARTITION = "dlq-source-partition"

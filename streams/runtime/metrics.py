@@ -6,7 +6,8 @@ from typing import Literal
 
 from prometheus_client import Counter, Gauge, Histogram
 
-OutcomeLabel = Literal["ack", "hold", "retry", "dead_letter", "parked", "undecodable"]
+OutcomeLabel = Literal["ack", "hold", "wait", "retry", "dead_letter", "parked",
+                       "undecodable"]
 
 DELIVERIES = Counter(
     "stovepipe_deliveries_total",
@@ -59,6 +60,18 @@ OUTAGE_RETRIES = Counter(
     "Handler calls made again in place because the broker or the database was away.",
     ["stage"],
 )
+BACKPRESSURE_RETRIES = Counter(
+    "stovepipe_backpressure_retries_total",
+    "Handler calls made again in place because no pooled database connection came free "
+    "in time (the worker busy, the database answering).",
+    ["stage"],
+)
+DEPENDENCY_WAITS = Counter(
+    "stovepipe_dependency_waits_total",
+    "Messages brought back later because a build runner, a source control or another "
+    "dependency was unavailable (no attempt spent).",
+    ["stage"],
+)
 PARKED = Counter(
     "stovepipe_parked_total",
     "Reconciler messages that can never be processed, parked in PostgreSQL.",
@@ -68,6 +81,28 @@ PARKED = Counter(
 
 def count(stage: str, outcome: OutcomeLabel) -> None:
     DELIVERIES.labels(stage=stage, outcome=outcome).inc()
+ATTEMPTS_ENDED = Counter(
+    "stovepipe_attempts_total",
+    "Attempts (builds) of Requests that ended, by how: green, red, unvalidated (could not "
+    "validate the commit: no verdict), cancelled.",
+    ["queue", "outcome"],
+)
+REQUESTS_SETTLED = Counter(
+    "stovepipe_requests_settled_total",
+    "Requests that ended after admission, by outcome: green, red (a red fact), unvalidated "
+    "(failed without a verdict: no fact, no red alert), cancelled.",
+    ["queue", "outcome"],
+)
+FLAKY = Counter(
+    "stovepipe_flaky_total",
+    "Requests green on a re-run of a red build (retry.red): flakes.",
+    ["queue"],
+)
+STALE_MESSAGES = Counter(
+    "stovepipe_stale_messages_total",
+    "Messages about an earlier Request with the same id (a restored database), ignored.",
+    ["stage"],
+)
 PROMOTION_SKIPPED = Counter(
     "stovepipe_promotion_skipped_total",
     "Promotions not done because the commit is no longer on the ref (force-push).",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from streams.runtime.outcome import Ack, Hold, NonRetryable, Outcome, Retryable
+from streams.runtime.outcome import Ack, Hold, NonRetryable, Outcome, Retryable, Wait
 
 # The longest wait a dependency's Retry-After may impose on one retry: GitHub's hourly
 # rate-limit window. A longer demand is met by the following retries.
@@ -89,6 +89,10 @@ def decide(outcome: Outcome, *, attempt: int, retry: Retry, reconciler: bool) ->
             # else a few transient errors scattered over a long build's life would
             # dead-letter it
             return Redeliver(delay=delay, attempt=0)
+        case Wait(delay=delay):
+            # a dependency's outage is no failure of the message: its attempts stay as
+            # they are, and a reconciler waits the same way
+            return Redeliver(delay=min(delay, MAX_RETRY_AFTER), attempt=attempt)
         case Retryable(error=error) | NonRetryable(error=error):
             failures = attempt + 1
             exhausted = retry.max_attempts is not None and failures >= retry.max_attempts

@@ -24,10 +24,10 @@ from google.protobuf.message import Message
 from contract import MalformedPayload, marshal, unmarshal
 from streams.runtime import headers as h
 from streams.runtime import metrics
-from streams.runtime.classify import is_outage, outcome_of_exception
+from streams.runtime.classify import is_backpressure, is_outage, outcome_of_exception
 from streams.runtime.delay import DelayTiers, produce_until_acked, send_later
 from streams.runtime.logs import bounded
-from streams.runtime.outcome import Hold, Outcome, RetryableError
+from streams.runtime.outcome import Hold, Outcome, RetryableError, Wait
 from streams.runtime.policy import (
     Action,
     Commit,
@@ -99,6 +99,18 @@ class Context(Generic[D]):
     @property
     def attempt(self) -> int:
         return self.message.attempt
+
+    @property
+    def waits(self) -> int:
+        """How many times in a row this message waited out a dependency (`Wait`)."""
+        return h.get_int(self.message.headers, h.WAITS)
+
+    @property
+    def waiting_for(self) -> float:
+        """Seconds since this message's first wait in a row began (0: not waiting). By
+        the workers' clocks: fine for deadlines of minutes, not of milliseconds."""
+        since = h.get_int(self.message.headers, h.WAITING_SINCE_MS)
+        return max(0.0, time.time() - since / 1000) if since else 0.0
 
 
 Handler = Callable[[P, Context[Any]], Awaitable[Outcome]]
@@ -177,10 +189,15 @@ class Delivery(Generic[D]):
             except Exception as exc:  # noqa: BLE001 - nothing a handler raises reaches Faust
                 if not is_outage(exc):
                     return outcome_of_exception(exc)
-                metrics.OUTAGE_RETRIES.labels(stage=stage.key).inc()
-                outage_log.warning("dependency_unreachable stage=%s waited=%.0fs error=%s "
-                                   "retry_in=%.1fs", stage.key, waited, _describe(exc),
-                                   backoff)
+                if is_backpressure(exc):  # every pooled connection busy: nothing is down
+                    metrics.BACKPRESSURE_RETRIES.labels(stage=stage.key).inc()
+                    outage_log.warning("pool_busy stage=%s waited=%.0fs retry_in=%.1fs",
+                                       stage.key, waited, backoff)
+                else:
+                    metrics.OUTAGE_RETRIES.labels(stage=stage.key).inc()
+                    outage_log.warning("dependency_unreachable stage=%s waited=%.0fs "
+                                       "error=%s retry_in=%.1fs", stage.key, waited,
+                                       _describe(exc), backoff)
                 await asyncio.sleep(backoff)
                 waited += backoff
                 backoff = min(backoff * 2, OUTAGE_MAX_BACKOFF)
@@ -193,19 +210,23 @@ class Delivery(Generic[D]):
             case Commit():
                 metrics.count(stage.key, "ack")
             case Redeliver(delay=delay, attempt=attempt):
-                is_hold = isinstance(outcome, Hold)
                 value = msg.value
-                if isinstance(outcome, Hold) and outcome.payload is not None:
+                if isinstance(outcome, Hold | Wait) and outcome.payload is not None:
                     value = marshal(outcome.payload)
-                # a hold starts a new turn; a retry carries where its delivery began
-                headers = (h.remove(msg.headers, h.ORIGIN) if is_hold
-                           else h.replace(msg.headers, {h.ORIGIN: msg.origin}))
+                headers = _redelivery_headers(msg, outcome)
                 await send_later(self.producer, self.tiers, target=route.topic, key=msg.key,
                                  value=value, headers=headers, delay=delay,
                                  attempt=attempt)
-                if is_hold:
+                if isinstance(outcome, Hold):
                     metrics.count(stage.key, "hold")
                     ctx.log.debug("hold delay=%.3fs", delay)
+                elif isinstance(outcome, Wait):
+                    metrics.count(stage.key, "wait")
+                    metrics.DEPENDENCY_WAITS.labels(stage=stage.key).inc()
+                    # one template per stage: the log's flood limit is per template
+                    outage_log.warning(f"dependency_wait stage={stage.key} "
+                                       "waits=%d retry_in=%.1fs error=%s", ctx.waits + 1,
+                                       delay, _describe(outcome.error))
                 else:
                     metrics.count(stage.key, "retry")
                     ctx.log.warning("retry attempt=%d delay=%.1fs error=%s", attempt, delay,
@@ -253,6 +274,20 @@ class Delivery(Generic[D]):
         out = h.replace(h.without_runtime(msg.headers), {**failure, h.ATTEMPT: 0})
         await produce_until_acked(self.producer, dlq_topic, key=msg.key, value=msg.value,
                                   headers=out, what="dead-letter")
+
+
+def _redelivery_headers(msg: Incoming, outcome: Outcome) -> h.Headers:
+    """A hold starts a new turn: where it began and any waiting are forgotten. A wait is
+    a new turn too, counted (with when the first wait began). A retry carries where its
+    delivery began."""
+    if isinstance(outcome, Hold):
+        return h.remove(h.remove(h.remove(msg.headers, h.ORIGIN), h.WAITS),
+                        h.WAITING_SINCE_MS)
+    if isinstance(outcome, Wait):
+        since = h.get_int(msg.headers, h.WAITING_SINCE_MS) or int(time.time() * 1000)
+        return h.replace(h.remove(msg.headers, h.ORIGIN), {
+            h.WAITS: h.get_int(msg.headers, h.WAITS) + 1, h.WAITING_SINCE_MS: since})
+    return h.replace(msg.headers, {h.ORIGIN: msg.origin})
 
 
 class ParkingStore(Protocol):
