@@ -184,7 +184,9 @@ def _parked_list_options(func: F) -> F:
 def parked_group(ctx: click.Context, topic: str | None, limit: int, after_id: int,
                  as_json: bool, topics_file: Path | None, prefix: str | None,
                  dsn: str | None) -> None:
-    """Messages a reconciler parked in PostgreSQL because it could not decode them.
+    """Messages a reconciler parked in PostgreSQL because it can never reconcile them: an
+    undecodable payload, an unknown or malformed id, a queue its id does not name, an
+    invariant violation.
 
     Without a subcommand, lists them (like `parked list`).
     """

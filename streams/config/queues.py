@@ -32,6 +32,7 @@ from types import MappingProxyType
 from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic.dataclasses import dataclass as spec_dataclass
 
 from store import Database
 from streams.config import settings as settings_mod
@@ -47,7 +48,16 @@ from streams.extensions.buildrunner import BuildRunner, BuildRunnerSpec
 from streams.extensions.notify import Notifier, NotifyError, NotifySpec, build_notifier
 from streams.extensions.notify import github_repository as _github_repository
 from streams.extensions.sourcecontrol import SourceControl, SourceControlSpec
-from streams.schema.fields import Duration, KindInfo, PositiveInt, Problems, Section, read_yaml
+from streams.schema.fields import (
+    SPEC,
+    Count,
+    Duration,
+    KindInfo,
+    PositiveInt,
+    Problems,
+    Section,
+    read_yaml,
+)
 
 ENV_QUEUES_FILE = settings_mod.ENV_QUEUES_FILE
 DEFAULT_QUEUES_FILE = settings_mod.REPO_ROOT / "queues.yaml"
@@ -55,6 +65,19 @@ DEFAULT_QUEUES_FILE = settings_mod.REPO_ROOT / "queues.yaml"
 __all__ = ["InvalidQueueName", "QueueConfigError", "UnknownQueue", "validate_queue_name"]
 
 # --- the model --------------------------------------------------------------------------
+
+
+@spec_dataclass(frozen=True, config=SPEC)
+class RetrySpec:
+    """A queue's ``retry`` section: how often an attempt of a Request is tried again
+    before the Request settles (design §4, "Attempts")."""
+
+    # attempts that could not validate (host lost, never started, dependency down past
+    # its deadline) tried again, after `backoff` doubling per retry
+    unvalidated: Count = 2
+    # red builds run again on the same commit before the verdict (flake detection)
+    red: Count = 0
+    backoff: Duration = timedelta(seconds=30)
 
 
 @dataclass(frozen=True)
@@ -67,6 +90,10 @@ class QueueConfig:
     poll_delay_queued: timedelta = timedelta(seconds=5)  # between polls of a queued build
     poll_delay_running: timedelta = timedelta(seconds=2)  # between polls of a running one
     poll_deadline: timedelta = timedelta(hours=1)  # then cancelled and counted failed
+    # how long a trigger, an ancestry check or a promotion waits out its dependency's
+    # outage before it gives up (a trigger: the attempt could not validate)
+    trigger_deadline: timedelta = timedelta(hours=1)
+    retry: RetrySpec = dataclasses.field(default_factory=RetrySpec)
     notify: NotifySpec | None = None  # commit statuses and alerts; None: none
     webhook_repository: str | None = None  # what push webhooks name its repository by
 
@@ -115,7 +142,7 @@ class QueuesConfig:
 
 
 _KNOBS = ("max_concurrent", "gate_delay", "poll_delay_queued", "poll_delay_running",
-          "poll_deadline", "webhook_repository")
+          "poll_deadline", "trigger_deadline", "retry", "webhook_repository")
 _EXTENSIONS = {
     "source_control": "{kind: fake, path: repo.json, repo: demo, ref: main}",
     "build_runner": "{kind: fake}",
@@ -136,6 +163,8 @@ class QueueFields(Section):
     poll_delay_queued: Duration | None = None
     poll_delay_running: Duration | None = None
     poll_deadline: Duration | None = None
+    trigger_deadline: Duration | None = None
+    retry: RetrySpec | None = None  # replaced whole, like notify
     webhook_repository: HostedPath | None = None
     source_control: Annotated[
         SourceControlSpec,

@@ -50,6 +50,12 @@ def _positive_int(value: object) -> int:
     return value
 
 
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"must be a whole number, 0 or more, got {value!r}")
+    return value
+
+
 def _duration(value: object) -> timedelta:
     delta = value if isinstance(value, timedelta) else parse_duration(value)
     if delta <= timedelta(0):
@@ -101,6 +107,7 @@ def resolve_path(value: Path, info: _ValidationInfo) -> Path:
 
 
 PositiveInt = Annotated[int, BeforeValidator(_positive_int)]
+Count = Annotated[int, BeforeValidator(_count)]
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
 NonEmptyStr = Annotated[str, BeforeValidator(_non_empty_string)]
 Flag = Annotated[bool, BeforeValidator(_flag)]

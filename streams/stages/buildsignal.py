@@ -1,21 +1,43 @@
-"""buildsignal(build id): poll a build until terminal, then settle its Request (design §5).
+"""buildsignal(build id): poll a build until terminal, then end its attempt (design §5).
 
 The poll loop is a chain of holds on the build's own key; only the loop the Build row
-names goes on (`streams.stages.loops`). A terminal status is stored write-once; the first
-terminal build of a Request releases its slot and stamps its outcome in one transaction
-(first writer wins), then hands the Request to record. A build that no Request waits for
-any more (its Request settled by another build, failed by a reconciler, or superseded) is
+names goes on (`streams.stages.loops`). A terminal status is stored write-once with the
+verdict it gives; the first terminal build of an attempt ends it in one statement: the
+Request settles (its slot released, then record) or its next attempt begins (it keeps
+its slot; `streams.stages.attempts`). A build that no Request waits for any more (its
+Request settled by another build, failed by a reconciler, or its attempt over) is
 cancelled at its runner.
+
+A runner that is unavailable (5xx, 429, a rate limit, a timeout) is waited out: the loop
+backs off from its poll delay, never polling more often than it would when healthy, and
+says when it will be back so the sweeper does not start another. Past the poll deadline
+the attempt ends: a build still running is cancelled and counts red (it hung); one that
+never started, or whose status could not be read, gives no verdict.
 """
 
 from __future__ import annotations
 
-from contract import BuildSignal, Record, TopicKey
-from store import Build, BuildStatus, InvariantViolation, Request, VersionMismatch
-from streams.runtime import ACK, Hold, Outcome
-from streams.stages import loops
+from contract import BuildRequest, BuildSignal, Record, TopicKey
+from store import (
+    Build,
+    BuildStatus,
+    InvariantViolation,
+    Request,
+    RequestState,
+    Verdict,
+    VersionMismatch,
+)
+from streams.config.queues import QueueConfig
+from streams.extensions.buildrunner import BuildReport
+from streams.runtime import ACK, Hold, Outcome, Wait, metrics
+from streams.stages import attempts, loops
 from streams.stages.deps import Deps, StageContext, check_queue_name
-from streams.stages.kit import seconds, with_cas_retries
+from streams.stages.kit import (
+    dependency_wait,
+    is_dependency_unavailable,
+    seconds,
+    with_cas_retries,
+)
 
 
 async def handle_buildsignal(payload: BuildSignal, ctx: StageContext) -> Outcome:
@@ -27,44 +49,134 @@ async def _poll(payload: BuildSignal, ctx: StageContext) -> Outcome:
     build, request = await load_build_with_request(deps, payload)
     if request.state.is_terminal:
         if build.status.is_terminal:
-            if request.state.is_outcome:
+            if request.state.is_outcome and build.attempt == request.attempt:
                 # an earlier delivery settled the Request, and may have died before
                 # publishing to record
                 await _publish_to_record(ctx, request)
         else:
-            await cancel_build(ctx, build, f"its request is {request.state}")
+            return await _cancel_or_wait(ctx, build, f"its request is {request.state}")
         return ACK
+    if build.attempt != request.attempt:
+        if not build.status.is_terminal:  # its attempt ended without it
+            return await _cancel_or_wait(ctx, build,
+                                         f"attempt {build.attempt} of its request is over")
+        return ACK
+
+    config = deps.queue_config(build.queue)
+    if build.status.is_terminal:
+        # stored by an earlier delivery that did not get to end the attempt
+        return await _end_attempt(ctx, request, build, attempts.Observed(
+            build.status, build.verdict, build.reason), config)
 
     mine = loops.message_token(ctx.stage, ctx.message)
     turn = loops.next_turn(row_token=build.loop_token, carried=payload.loop, mine=mine,
                            age=build.loop_age)
-    config = deps.queue_config(build.queue)
-    status = build.status
-    if not status.is_terminal:
-        if turn is loops.Turn.DUPLICATE:
-            ctx.log.debug("poll_loop_duplicate_ended build_id=%s", build.id)
-            return ACK
-        status = await _current_status(ctx, build, seconds(config.poll_deadline))
-    if not status.is_terminal:
-        build = await _store_status(ctx, build, status)
+    if turn is loops.Turn.DUPLICATE:
+        ctx.log.debug("poll_loop_duplicate_ended build_id=%s", build.id)
+        return ACK
+    runner = ctx.deps.extensions.build_runner(build.queue)
+    deadline = seconds(config.poll_deadline)
+    try:
+        report = await runner.status(build.id)
+    except Exception as exc:
+        if not is_dependency_unavailable(exc):
+            raise
+        if build.age <= deadline:  # by the database's clock
+            return await _wait_for_runner(ctx, build, config, mine, exc)
+        await _cancel_quietly(ctx, build)
+        return await _end_attempt(ctx, request, build, attempts.Observed(
+            BuildStatus.FAILED, None,
+            f"its status could not be read past the poll deadline ({deadline:.0f}s): "
+            f"{exc}"), config)
+
+    observed = _observed(report)
+    if observed is None and build.age > deadline:
+        # a hung build must not wedge its queue (one that ended meanwhile, even unseen
+        # through an outage, keeps its own outcome)
+        await _cancel_quietly(ctx, build)
+        ctx.log.warning("poll_deadline build_id=%s age=%.0fs deadline=%.0fs status=%s",
+                        build.id, build.age, deadline, report.status)
+        observed = (attempts.Observed(BuildStatus.FAILED, Verdict.RED,
+                                      f"it ran past the poll deadline ({deadline:.0f}s)")
+                    if report.status is BuildStatus.RUNNING else
+                    attempts.Observed(BuildStatus.FAILED, None,
+                                      f"it did not start within the poll deadline "
+                                      f"({deadline:.0f}s)"))
+    if observed is None:
+        build = await _store_status(ctx, build, report.status)
         delay = seconds(config.poll_delay_running if build.status is BuildStatus.RUNNING
                         else config.poll_delay_queued)
         if turn is loops.Turn.CLAIM:
             build = await deps.db.builds.claim_loop(build, mine)
-        return Hold(delay, BuildSignal(id=build.id, queue_name=build.queue,
-                                       loop=build.loop_token))
+        return Hold(delay, _next_turn(build))
+    return await _end_attempt(ctx, request, build, observed, config)
 
-    # stores the terminal status (write-once: one stored first stays), and the first
-    # terminal build of the Request stamps its outcome and releases its slot
-    settled = await deps.db.steps.settle(build, status, config.status_channels)
-    if settled.request is None:
-        # another build or a reconciler settled the Request first: decide again from a
-        # fresh read (which publishes to record if the Request has an outcome)
+
+def _observed(report: BuildReport) -> attempts.Observed | None:
+    """The end a runner's report tells of, or None while the build goes on."""
+    if not report.status.is_terminal:
+        return None
+    if report.status is BuildStatus.FAILED and report.unvalidated:
+        return attempts.Observed(BuildStatus.FAILED, None, report.unvalidated)
+    verdict = {BuildStatus.SUCCEEDED: Verdict.GREEN,
+               BuildStatus.FAILED: Verdict.RED}.get(report.status)
+    return attempts.Observed(report.status, verdict, report.metadata.get("detail", "")
+                             if verdict is Verdict.RED else "")
+
+
+async def _wait_for_runner(ctx: StageContext, build: Build, config: QueueConfig, mine: str,
+                           error: BaseException) -> Outcome:
+    """Poll again later, backing off from the loop's own delay; the loop stays the row's
+    and says when it is back, so the sweeper starts no other meanwhile."""
+    floor = seconds(config.poll_delay_running if build.status is BuildStatus.RUNNING
+                    else config.poll_delay_queued)
+    wait = dependency_wait(ctx, error, floor=floor)
+    longest = max(seconds(config.gate_delay), seconds(config.poll_delay_queued),
+                  seconds(config.poll_delay_running))
+    build = await ctx.deps.db.builds.claim_loop(build, mine, quiet=wait.delay - longest)
+    return Wait(wait.delay, error, _next_turn(build))
+
+
+async def _end_attempt(ctx: StageContext, request: Request, build: Build,
+                       observed: attempts.Observed, config: QueueConfig) -> Outcome:
+    """Store the build's end and end its attempt as `attempts.decide` says, in one
+    statement; then hand a settled Request to record, or trigger the next attempt."""
+    end = attempts.decide(request, observed, config.retry)
+    ended = await ctx.deps.db.steps.end_attempt(
+        request, end, build=build, build_status=observed.status,
+        build_verdict=observed.verdict, build_reason=observed.reason,
+        status_channels=config.status_channels)
+    if ended.request is None:
+        # another delivery, a reconciler, or a different status stored first: decide
+        # again from a fresh read
         raise VersionMismatch("request", {"queue": request.queue, "id": request.id},
                               expected_version=request.version, actual_version=None)
-    ctx.log.info("settled build_id=%s outcome=%s", build.id, settled.request.state)
-    await _publish_to_record(ctx, settled.request)
+    outcome = (observed.verdict.value if observed.verdict is not None
+               else "cancelled" if observed.status is BuildStatus.CANCELLED
+               else "unvalidated")
+    metrics.ATTEMPTS_ENDED.labels(queue=request.queue, outcome=outcome).inc()
+    settled = ended.request
+    if ended.settled:
+        how = (settled.verdict.value if settled.verdict is not None
+               else "cancelled" if settled.state is RequestState.CANCELLED
+               else "unvalidated")
+        metrics.REQUESTS_SETTLED.labels(queue=request.queue, outcome=how).inc()
+        if settled.verdict is Verdict.GREEN and settled.red_reruns:
+            metrics.FLAKY.labels(queue=request.queue).inc()
+        ctx.log.info("settled build_id=%s attempt=%d outcome=%s verdict=%s reason=%s",
+                     build.id, settled.attempt, settled.state, how, settled.reason or "-")
+        await _publish_to_record(ctx, settled)
+        return ACK
+    ctx.log.warning("attempt_again build_id=%s ended=%s next_attempt=%d in=%.0fs reason=%s",
+                    build.id, outcome, settled.attempt, end.backoff, observed.reason or "-")
+    await ctx.publish(TopicKey.BUILD, BuildRequest(
+        id=settled.id, queue_name=settled.queue, nonce=settled.nonce,
+        attempt=settled.attempt))
     return ACK
+
+
+def _next_turn(build: Build) -> BuildSignal:
+    return BuildSignal(id=build.id, queue_name=build.queue, loop=build.loop_token)
 
 
 async def load_build_with_request(deps: Deps, payload: BuildSignal) -> tuple[Build, Request]:
@@ -95,20 +207,29 @@ async def cancel_build(ctx: StageContext, build: Build, why: str) -> Build:
     return await _store_status(ctx, build, BuildStatus.CANCELLED)
 
 
-async def _current_status(ctx: StageContext, build: Build, deadline_s: float) -> BuildStatus:
-    """The build's status at its runner, or `failed` past the poll deadline (then it is
-    cancelled at its runner)."""
-    runner = ctx.deps.extensions.build_runner(build.queue)
-    status = (await runner.status(build.id)).status
-    age = build.age  # by the database's clock: a worker's clock never shortens a deadline
-    if not status.is_terminal and age > deadline_s:
-        # a hung build must not wedge its queue: stop it and count it as not green (one
-        # that ended meanwhile, even unseen through an outage, keeps its own outcome)
-        await runner.cancel(build.id)
-        ctx.log.warning("poll_deadline build_id=%s age=%.0fs deadline=%.0fs", build.id,
-                        age, deadline_s)
-        status = BuildStatus.FAILED
-    return status
+async def _cancel_or_wait(ctx: StageContext, build: Build, why: str) -> Outcome:
+    """`cancel_build`, waiting out a runner that is unavailable."""
+    try:
+        await cancel_build(ctx, build, why)
+    except Exception as exc:
+        if not is_dependency_unavailable(exc):
+            raise
+        config = ctx.deps.queue_config(build.queue)
+        return dependency_wait(ctx, exc, floor=seconds(config.poll_delay_running),
+                               payload=_next_turn(build))
+    return ACK
+
+
+async def _cancel_quietly(ctx: StageContext, build: Build) -> None:
+    """Ask the runner to stop a build whose attempt is ending; a runner that is down
+    now is not a reason to keep the attempt open (the build's row ends either way, and a
+    later report from it is ignored: write-once)."""
+    try:
+        await ctx.deps.extensions.build_runner(build.queue).cancel(build.id)
+    except Exception as exc:
+        if not is_dependency_unavailable(exc):
+            raise
+        ctx.log.warning("cancel_failed build_id=%s error=%s", build.id, exc)
 
 
 async def _store_status(ctx: StageContext, build: Build, status: BuildStatus) -> Build:
@@ -122,5 +243,5 @@ async def _store_status(ctx: StageContext, build: Build, status: BuildStatus) ->
 
 
 async def _publish_to_record(ctx: StageContext, request: Request) -> None:
-    await ctx.publish(TopicKey.RECORD, Record(id=request.id, queue_name=request.queue))
-
+    await ctx.publish(TopicKey.RECORD, Record(id=request.id, queue_name=request.queue,
+                                              nonce=request.nonce))

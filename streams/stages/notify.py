@@ -137,6 +137,8 @@ def notice_of(row: Notification, public_url: str | None) -> Notice:
     request_id = event.get("request_id")
     details = {k: event[k] for k in ("description", "latest_request_id", "behind_since")
                if event.get(k) is not None}
+    if event.get("flaky"):  # green on a re-run of a red build: say so, with the attempts
+        details.update(flaky=True, attempts=event.get("attempts"))
     return Notice(kind=kind, event=str(event["state" if kind == "status" else "event"]),
                   queue=row.queue, request_id=request_id, uri=uri,
                   sha=commit_sha(uri) if uri else None, at=str(event.get("at", "")),

@@ -11,8 +11,9 @@ from typing import Any
 
 from contract import BuildRequest, BuildSignal, IngestRequest, ProcessRequest, Record
 from store import Database
+from store.worker_hosts import HEARTBEAT_GAP
 from streams.config.queues import Extensions, load_queues
-from streams.config.settings import DEFAULT_DB_POOL
+from streams.config.settings import DEFAULT_DB_POOL, load_settings
 from streams.runtime.classify import is_outage
 from streams.runtime.logs import bounded
 from streams.runtime.periodic import PeriodicTask
@@ -31,8 +32,9 @@ from streams.stages import (
 from streams.stages.deps import Deps
 
 DEFAULT_SWEEP_INTERVAL = 5.0
-# seconds between two tends of the build runners (a command runner's heartbeat): well
-# below any host_timeout
+# seconds between two tends of the build runners (a command runner's heartbeat, and the
+# worker's own): three of them fit in store.worker_hosts.HEARTBEAT_GAP, well below any
+# host_timeout (at least store.worker_hosts.MIN_HOST_TIMEOUT)
 TEND_INTERVAL = 2.0
 
 log = logging.getLogger("stovepipe.pipeline")
@@ -67,10 +69,17 @@ async def tend_build_runners(deps: Deps, publish: Publisher) -> None:
     runner: launch, watch and heartbeat the builds this host owns). Runners are built
     here if need be, so a restarted worker resumes its builds before any message asks. A
     failing runner does not keep the others from their tend; an outage ends the round."""
+    heartbeaten = False
     for queue in deps.queues.names():
         try:
             tend = getattr(deps.extensions.build_runner(queue), "tend", None)
             if tend is not None:
+                if not heartbeaten:
+                    # this host's own sign of life: the evidence it needs before it may
+                    # judge another host lost (store.worker_hosts)
+                    await deps.db.worker_hosts.heartbeat(load_settings().host_id,
+                                                         HEARTBEAT_GAP)
+                    heartbeaten = True
                 await tend()
         except Exception as exc:
             if is_outage(exc):

@@ -2,18 +2,36 @@
 
 Single writer per queue: the `process` topic is keyed by queue name (design §5). A
 Request waiting for a slot is a gate loop: held, it comes back after the gate delay, and
-only the loop the Request row names goes on (`streams.stages.loops`).
+only the loop the Request row names goes on (`streams.stages.loops`). A head is superseded
+by a newer head; a Request validating a commit again (`retry`) supersedes nothing and is
+superseded by nothing (design §4). An ancestry check the repository cannot answer for now
+is waited out (the loop stays alive), up to the queue's trigger deadline; past it the
+Request is built in full, which needs no ancestry.
 """
 
 from __future__ import annotations
 
 from contract import BuildRequest, ProcessRequest, TopicKey
-from store import BuildStrategy, Queue, Request, RequestState, VersionMismatch, request_seq
+from store import (
+    BuildStrategy,
+    Queue,
+    Request,
+    RequestKind,
+    RequestState,
+    VersionMismatch,
+    request_order,
+)
+from streams.config.queues import QueueConfig
 from streams.extensions.sourcecontrol import CommitNotFound
-from streams.runtime import ACK, Hold, Outcome
+from streams.runtime import ACK, Hold, Outcome, Wait
 from streams.stages import loops
-from streams.stages.deps import Deps, StageContext, load_request_with_queue
-from streams.stages.kit import seconds, with_cas_retries
+from streams.stages.deps import Deps, StageContext, is_stale, load_request_with_queue
+from streams.stages.kit import (
+    dependency_wait,
+    is_dependency_unavailable,
+    seconds,
+    with_cas_retries,
+)
 
 
 async def handle_process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
@@ -23,6 +41,8 @@ async def handle_process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
 async def _process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
     deps: Deps = ctx.deps
     request, queue = await load_request_with_queue(deps, payload.queue_name, payload.id)
+    if is_stale(ctx, request, payload.nonce):
+        return ACK
     if request.state.is_terminal:
         return ACK
     if request.state is RequestState.PROCESSING:
@@ -51,11 +71,15 @@ async def _process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
         # not a failure: comes back after the gate delay and is decided afresh
         if turn is loops.Turn.CLAIM:
             request = await deps.db.requests.claim_loop(request, mine)
-        return Hold(seconds(config.gate_delay),
-                    ProcessRequest(id=request.id, queue_name=request.queue,
-                                   loop=request.loop_token))
+        return Hold(seconds(config.gate_delay), _gate_turn(request))
 
-    strategy, base_uri = await _decide_strategy(ctx, request, queue)
+    decided = await _decide_strategy(ctx, request, queue, config)
+    if isinstance(decided, Wait):
+        # the repository is unavailable: the gate loop waits it out, alive to the sweeper
+        request = await deps.db.requests.claim_loop(
+            request, mine, quiet=decided.delay - _longest_delay(config))
+        return Wait(decided.delay, decided.error, _gate_turn(request))
+    strategy, base_uri = decided
     # takes the slot and moves the Request only if what the decision read still holds (the
     # Request unchanged, a free slot, no newer latest, the same bookmark); otherwise
     # nothing is written and the decision is redone from a fresh read
@@ -73,12 +97,24 @@ async def _process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
 
 
 def _is_older_than_latest(request: Request, queue: Queue) -> bool:
+    """A head older than the queue's latest is superseded; a retry never is."""
     latest = queue.latest_request_id
-    return latest is not None and request.seq < request_seq(latest)
+    return (request.kind is RequestKind.HEAD and latest is not None
+            and request.order < request_order(latest))
 
 
-async def _decide_strategy(ctx: StageContext, request: Request,
-                           queue: Queue) -> tuple[BuildStrategy, str | None]:
+def _gate_turn(request: Request) -> ProcessRequest:
+    return ProcessRequest(id=request.id, queue_name=request.queue, loop=request.loop_token,
+                          nonce=request.nonce)
+
+
+def _longest_delay(config: QueueConfig) -> float:
+    return max(seconds(config.gate_delay), seconds(config.poll_delay_queued),
+               seconds(config.poll_delay_running))
+
+
+async def _decide_strategy(ctx: StageContext, request: Request, queue: Queue,
+                           config: QueueConfig) -> tuple[BuildStrategy, str | None] | Wait:
     last_green = queue.last_green_uri
     if last_green is None:
         return BuildStrategy.FULL, None
@@ -89,10 +125,21 @@ async def _decide_strategy(ctx: StageContext, request: Request,
         ctx.log.warning("ancestry_unknown last_green=%s error=%s: building full",
                         last_green, exc)
         return BuildStrategy.FULL, None
+    except Exception as exc:
+        if not is_dependency_unavailable(exc):
+            raise
+        if ctx.waiting_for < seconds(config.trigger_deadline):
+            return dependency_wait(ctx, exc, floor=seconds(config.gate_delay))
+        # a full build validates the commit without knowing its ancestry
+        ctx.log.warning("ancestry_unavailable waited=%.0fs error=%s: building full",
+                        ctx.waiting_for, exc)
+        return BuildStrategy.FULL, None
     if descends:
         return BuildStrategy.INCREMENTAL, last_green
     return BuildStrategy.FULL, None  # history rewritten: the last green is not an ancestor
 
 
 async def _publish_to_build(ctx: StageContext, request: Request) -> None:
-    await ctx.publish(TopicKey.BUILD, BuildRequest(id=request.id, queue_name=request.queue))
+    await ctx.publish(TopicKey.BUILD, BuildRequest(id=request.id, queue_name=request.queue,
+                                                   nonce=request.nonce,
+                                                   attempt=request.attempt))

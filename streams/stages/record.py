@@ -1,7 +1,11 @@
 """record(request id): write the immutable fact, move the bookmark, promote (design §5).
 
-Decisions after the fact write use the stored fact, not the Request: a redelivery or a
-reconciler re-running this must reach the same end state.
+Only a verdict is recorded: `succeeded` (green) and `failed` with a red verdict; a Request
+that failed without a verdict (it could not be validated), was cancelled or superseded
+gets no fact. Decisions after the fact write use the stored fact, not the Request: a
+redelivery, a reconciler or the sweeper re-running this must reach the same end state.
+The promotion ref's repository being unavailable delays the promotion (waited out up to
+the queue's trigger deadline, then retried by the reconciler), never the fact.
 """
 
 from __future__ import annotations
@@ -12,18 +16,24 @@ from store import (
     Queue,
     RequestState,
     ValidationFact,
+    Verdict,
 )
 from streams.config.queues import UnknownQueue
 from streams.extensions.sourcecontrol import CommitNotFound, PromotionMoved
 from streams.runtime import ACK, Outcome, metrics
-from streams.stages.deps import Deps, StageContext, load_request
-from streams.stages.kit import CAS_ATTEMPTS
+from streams.stages.deps import Deps, StageContext, is_stale, load_request
+from streams.stages.kit import (
+    CAS_ATTEMPTS,
+    dependency_wait,
+    is_dependency_unavailable,
+    seconds,
+)
 
-DEGREE = {RequestState.SUCCEEDED: 0.0, RequestState.FAILED: 1.0}
+DEGREE = {Verdict.GREEN: 0.0, Verdict.RED: 1.0}
 
 
 class FactOfAnotherRequest(InvariantViolation):
-    """The commit already has a fact written for a different Request."""
+    """The commit already has a green fact written for a different Request."""
 
 
 class NotSettled(InvariantViolation):
@@ -33,30 +43,57 @@ class NotSettled(InvariantViolation):
 async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
     deps: Deps = ctx.deps
     request = await load_request(deps, payload.queue_name, payload.id)
-    if request.state in (RequestState.CANCELLED, RequestState.SUPERSEDED):
+    if is_stale(ctx, request, payload.nonce):
         return ACK
-    if request.state not in DEGREE:
+    if request.state in (RequestState.CANCELLED, RequestState.SUPERSEDED) \
+            or request.unvalidated:
+        return ACK  # no verdict: no fact
+    if request.state not in (RequestState.SUCCEEDED, RequestState.FAILED) \
+            or request.verdict is None:
         raise NotSettled("request", {"id": request.id},
                          f"record needs an outcome, the request is {request.state}")
 
-    degree = DEGREE[request.state]
-    # where the promotion ref is, read before the bookmark is checked (see _promote)
-    target = await _promotion_target(ctx, request.queue) if degree == 0.0 else None
+    degree = DEGREE[request.verdict]
+    # where the promotion ref is, read before the bookmark is checked (see _promote); a
+    # repository that does not answer now must not keep the fact from being written
+    target: str | None = None
+    unread: Exception | None = None
+    if degree == 0.0:
+        try:
+            target = await _promotion_target(ctx, request.queue)
+        except Exception as exc:
+            if not is_dependency_unavailable(exc):
+                raise
+            unread = exc
     statuses, alerts = _channels(deps, request.queue)
     # the fact, the bookmark, the queue's greenness and what they notify: one statement
-    recorded = await deps.db.steps.record_fact(request.queue, request.uri,
-                                               request_id=request.id, degree=degree,
-                                               status_channels=statuses,
-                                               alert_channels=alerts)
+    recorded = await deps.db.steps.record_fact(
+        request.queue, request.uri, request_id=request.id, degree=degree,
+        attempts=max(request.attempt, 1),
+        flaky=request.verdict is Verdict.GREEN and request.red_reruns > 0,
+        status_channels=statuses, alert_channels=alerts)
     fact = recorded.fact
     if fact is None:  # a concurrent delivery's fact, not visible to the statement yet
-        fact = await deps.db.facts.get(request.queue, request.uri)
+        fact = await deps.db.facts.of_request(request.queue, request.id) \
+            or await deps.db.facts.get(request.queue, request.uri)
     if fact.request_id != request.id:
         raise FactOfAnotherRequest(
             "validation_fact", {"queue": fact.queue, "uri": fact.uri},
-            f"the fact belongs to {fact.request_id}, not {request.id}")
+            f"the commit's green fact belongs to {fact.request_id}, not {request.id}")
     if fact.is_green and recorded.holds_bookmark:
-        await _promote(ctx, fact, target)
+        try:
+            if unread is not None:
+                # the ref must be read before the bookmark is checked: the next delivery
+                # starts over in that order
+                raise unread
+            await _promote(ctx, fact, target)
+        except Exception as exc:
+            # the fact and the bookmark are written; the ref, a cache of the bookmark,
+            # follows once the repository answers
+            deadline = _trigger_deadline(deps, request.queue)
+            if not is_dependency_unavailable(exc) or ctx.waiting_for >= deadline:
+                raise
+            return dependency_wait(ctx, exc, floor=1.0)
     return ACK
 
 
@@ -68,6 +105,13 @@ def _channels(deps: Deps, queue: str) -> tuple[tuple[str, ...], tuple[str, ...]]
     except UnknownQueue:
         return (), ()
     return config.status_channels, config.alert_channels
+
+
+def _trigger_deadline(deps: Deps, queue: str) -> float:
+    try:
+        return seconds(deps.queue_config(queue).trigger_deadline)
+    except UnknownQueue:
+        return 0.0
 
 
 async def _promotion_target(ctx: StageContext, queue: str) -> str | None:

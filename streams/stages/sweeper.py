@@ -10,7 +10,12 @@ from three indexed queries over live rows only (never a scan of history):
 - a ``processing`` Request without a build row long after its admission — its
   BuildRequest was never sent;
 - a Build not yet terminal whose poll loop has not been seen — including the builds of
-  Requests that ended without them, which buildsignal then cancels at their runner.
+  Requests that ended without them, which buildsignal then cancels at their runner;
+- a Request settled with a verdict whose fact was not recorded (its `record` message was
+  lost, or dead-lettered while a reconciler could not finish it) — to record.
+
+A loop waiting out a dependency's outage says when it will be back (its row is "seen"
+until then), so it is not taken for lost while it waits.
 
 A re-published message carries no loop token, so it takes the loop over
 (`streams.stages.loops`): were the old loop still alive after all, it ends on its next
@@ -29,7 +34,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from contract import BuildRequest, BuildSignal, ProcessRequest, TopicKey
+from contract import BuildRequest, BuildSignal, ProcessRequest, Record, TopicKey
 from streams.config.queues import QueueConfig, UnknownQueue
 from streams.runtime import metrics
 from streams.runtime.stage import Publisher
@@ -42,6 +47,7 @@ log = logging.getLogger("stovepipe.sweeper")
 LOCK = "sweeper"
 GRACE = 5.0  # seconds of slack beyond a loop's longest silence
 BATCH = 500  # rows of each kind per sweep: a backlog is worked off over several sweeps
+RECORD_AGAIN = 300.0  # seconds before an unrecorded verdict is re-sent to record again
 
 
 @dataclass
@@ -50,10 +56,11 @@ class SweepReport:
     processes: list[str] = field(default_factory=list)  # request ids re-published
     builds: list[str] = field(default_factory=list)  # request ids whose build was re-sent
     polls: list[str] = field(default_factory=list)  # build ids whose poll loop was revived
+    records: list[str] = field(default_factory=list)  # request ids whose fact was missing
 
     @property
     def total(self) -> int:
-        return len(self.processes) + len(self.builds) + len(self.polls)
+        return len(self.processes) + len(self.builds) + len(self.polls) + len(self.records)
 
 
 def unseen_after(config: QueueConfig) -> float:
@@ -75,14 +82,16 @@ async def sweep(deps: Deps, publish: Publisher) -> SweepReport:
         for request in await deps.db.requests.list_unseen_accepted(floor, BATCH):
             if _overdue(deps, request.queue, request.loop_age):
                 await publish(TopicKey.PROCESS,
-                              ProcessRequest(id=request.id, queue_name=request.queue))
+                              ProcessRequest(id=request.id, queue_name=request.queue,
+                                             nonce=request.nonce))
                 await deps.db.requests.touch_loop(request.queue, request.id)
                 report.processes.append(request.id)
 
         for request in await deps.db.requests.list_processing_without_build(floor, BATCH):
             if _overdue(deps, request.queue, request.loop_age):
                 await publish(TopicKey.BUILD,
-                              BuildRequest(id=request.id, queue_name=request.queue))
+                              BuildRequest(id=request.id, queue_name=request.queue,
+                                           nonce=request.nonce, attempt=request.attempt))
                 await deps.db.requests.touch_loop(request.queue, request.id)
                 report.builds.append(request.id)
 
@@ -93,8 +102,18 @@ async def sweep(deps: Deps, publish: Publisher) -> SweepReport:
                 await deps.db.builds.touch_loop(build.queue, build.id)
                 report.polls.append(build.id)
 
+        # a settled verdict whose fact was never written (its `record` lost or
+        # dead-lettered): record is idempotent, so publishing it again is safe
+        for request in await deps.db.requests.list_unrecorded(floor, BATCH):
+            await publish(TopicKey.RECORD, Record(id=request.id, queue_name=request.queue,
+                                                  nonce=request.nonce))
+            # not again before RECORD_AGAIN: a record that keeps failing (an invariant)
+            # is parked by its reconciler, and must not be re-sent every sweep
+            await deps.db.requests.touch_loop(request.queue, request.id, quiet=RECORD_AGAIN)
+            report.records.append(request.id)
+
     for what, ids in (("process", report.processes), ("build", report.builds),
-                      ("buildsignal", report.polls)):
+                      ("buildsignal", report.polls), ("record", report.records)):
         if ids:
             metrics.SWEPT.labels(what=what).inc(len(ids))
             log.warning("sweeper_republished what=%s count=%d first=%s", what, len(ids),

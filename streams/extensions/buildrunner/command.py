@@ -17,15 +17,20 @@ cancels other hosts asked for, records changes (status, exit code, log tail), an
 the heartbeat of all its live builds in one statement. Another host's `status` reads the
 row; a live build whose heartbeat is older than ``host_timeout`` (by the database's clock)
 is failed there and then, reason ``host_lost`` (compare-and-set: whoever decides first
-decides). Another host's `cancel` writes ``cancel_requested_at``; the owner's next tend
-stops the build and records it ``cancelled``. A terminal status is write-once, so an owner
-that comes back after being declared lost finds its build failed and stops it: a lost
-build is never reported green afterwards.
+decides) — but only by a host that has itself been heartbeating without a gap for
+``host_timeout`` (`store.worker_hosts`): a database outage stops every heartbeat, and is
+never evidence that a host died. A lost build gives no verdict: its attempt is tried again
+(`BuildReport.unvalidated`). Another host's `cancel` writes ``cancel_requested_at``; the
+owner's next tend stops the build and records it ``cancelled``. A terminal status is
+write-once, so an owner that comes back after being declared lost finds its build failed
+and stops it: a lost build is never reported green afterwards.
 
-Bound: a host that dies (or loses the database) has its builds reported failed by the
-first poll after ``host_timeout`` since its last heartbeat, i.e. within ``host_timeout``
-plus the queue's ``poll_delay_running``; when the dead host's worker was also the one
-polling, add the time Kafka takes to hand its partitions over (the session timeout, 10 s).
+Bound: a host that dies (or loses the database on its own) has its builds reported failed
+by the first poll after ``host_timeout`` since its last heartbeat, i.e. within
+``host_timeout`` plus the queue's ``poll_delay_running``; when the dead host's worker was
+also the one polling, add the time Kafka takes to hand its partitions over (the session
+timeout, 10 s); when the polling host itself had a gap in its own heartbeats (it restarted,
+or the database was away), add up to another ``host_timeout``.
 
 A build id is ``cmd-<32 hex digits>``; its state directory on the owner is
 ``<work_dir>/<build id>/``:
@@ -93,12 +98,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 from pydantic.dataclasses import dataclass as spec_dataclass
 
 from store.command_builds import CommandBuildStore, Observation
 from store.entities import BuildStatus, CommandBuild
 from store.errors import NotFound
+from store.worker_hosts import HEARTBEAT_GAP, MIN_HOST_TIMEOUT
 from streams.extensions import ExtensionContext
 from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
 from streams.extensions.buildrunner.local_builds import (
@@ -126,9 +132,23 @@ DEFAULT_HOST_TIMEOUT = 60.0  # seconds without a heartbeat before a build is fai
 _BUILD_ID = re.compile(r"cmd-[0-9a-f]{32}")
 
 log = logging.getLogger("stovepipe.buildrunner.command")
+# a failed build's reasons that give no verdict on the commit (design §4), in words
+UNVALIDATED_REASONS = {
+    "host_lost": "its host was lost",
+    "vanished": "its process vanished before it finished",
+    "not_run": "its command never ran",
+}
 
 
 # --- queues.yaml --------------------------------------------------------------------------
+
+
+def _host_timeout(value: timedelta) -> timedelta:
+    if value.total_seconds() < MIN_HOST_TIMEOUT:
+        raise ValueError(f"must be at least {MIN_HOST_TIMEOUT:g}s: a host is judged lost "
+                         f"only after missing heartbeats (every 2 s) for this long, and a "
+                         f"short database outage must not look like that")
+    return value
 
 
 def _shell_command(value: object) -> str:
@@ -150,7 +170,8 @@ class CommandBuildRunnerSpec:
     max_parallel: PositiveInt = DEFAULT_MAX_PARALLEL  # builds of the work_dir at once
     timeout: Duration | None = None  # then the build is stopped and failed
     # a live build whose host has not heartbeated for this long is failed
-    host_timeout: Duration = timedelta(seconds=DEFAULT_HOST_TIMEOUT)
+    host_timeout: Annotated[Duration, AfterValidator(_host_timeout)] = timedelta(
+        seconds=DEFAULT_HOST_TIMEOUT)
     kind: Literal["command"] = "command"
 
     def build(self, context: ExtensionContext) -> CommandBuildRunner:
@@ -381,7 +402,8 @@ class CommandBuildRunner:
     # --- any host ---
 
     async def _declare_lost(self, row: CommandBuild) -> CommandBuild:
-        failed = await self._rows().fail_if_silent(row.build_id, self.host_timeout)
+        failed = await self._rows().fail_if_silent(row.build_id, self.host_timeout,
+                                                   declarer=self.host, gap=HEARTBEAT_GAP)
         if failed is None:  # it heartbeated or ended meanwhile
             return await self._rows().get(row.build_id)
         log.warning("command_build_host_lost build_id=%s host=%s detail=%s",
@@ -416,7 +438,11 @@ class CommandBuildRunner:
             metadata["exit_code"] = str(row.exit_code)
         if row.detail:
             metadata["detail"] = row.detail
-        return BuildReport(row.status, metadata)
+        unvalidated = ""
+        if row.status is BuildStatus.FAILED and row.reason in UNVALIDATED_REASONS:
+            # the build did not run to its end on a live host: no verdict on the commit
+            unvalidated = f"{UNVALIDATED_REASONS[row.reason]}: {row.detail or row.reason}"
+        return BuildReport(row.status, metadata, unvalidated)
 
 
 def _same(row: CommandBuild, observed: Observation) -> bool:

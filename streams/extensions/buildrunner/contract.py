@@ -5,6 +5,9 @@ Each runner classifies its own failures: `BuildRunnerError.retryable` (e.g. HTTP
 retryable error may say how long to wait first (`retry_after`, seconds: a provider's
 ``Retry-After``); the delivery runtime then retries no earlier than that.
 
+A `failed` report is a red verdict unless the runner says the build could not validate
+the commit (`BuildReport.unvalidated`): only a build that ran gives a verdict.
+
 A runner whose builds run on the worker's own host may also have ``async def tend()``: the
 worker calls it every few seconds (`streams.stages.pipeline.tend_build_runners`) to
 watch, launch and heartbeat those builds (the command runner does).
@@ -36,6 +39,9 @@ class BuildRunnerError(Exception):
 class BuildReport:
     status: BuildStatus
     metadata: Mapping[str, str] = field(default_factory=dict)
+    # for a `failed` build: why it could not validate the commit (its host was lost, it
+    # never ran) in words; empty when the build ran and failed: a red verdict (design §4)
+    unvalidated: str = ""
 
 
 class BuildRunner(Protocol):

@@ -27,6 +27,12 @@ URI, whatever the URI scheme — read as ``-``-separated tokens, e.g. ``c7-queue
 
 N may be fractional (``slow0.5``). Other tokens are ignored.
 
+An outage of the whole CI: with a ``state_dir``, while the file ``<state_dir>/down`` exists
+every ``trigger``, ``status`` and ``cancel`` fails with a retryable error (with
+``retry_after`` when the file holds a number of seconds), and each such call is appended
+to ``<state_dir>/outage_calls.log`` (``<call> <build id> <epoch s>``), so a test can count
+how often the workers called a CI that was down.
+
 With a ``state_dir``, a trigger carrying a ``trigger_key`` in its metadata returns the
 build it already started for that key (``<state_dir>/triggers.log``), so a trigger
 repeated after a crash starts no second build. ``latency`` simulates a hosted CI's call
@@ -73,6 +79,8 @@ LATCH_POLL = 0.05  # seconds between two looks for a trigger latch
 LATCH_DIR = "latches"
 TRIGGERS_FILE = "triggers.log"
 STATUS_CALLS_FILE = "status_calls.log"
+DOWN_FILE = "down"
+OUTAGE_CALLS_FILE = "outage_calls.log"
 _NONCE = re.compile(r"[0-9a-f]{16}")
 
 
@@ -209,6 +217,7 @@ class FakeBuildRunner:
     async def trigger(self, base_uri: str | None, head_uri: str,
                       metadata: Mapping[str, str]) -> str:
         await self._wait("trigger")
+        await self._reachable("trigger", metadata.get("trigger_key", ""))
         behaviour = Behaviour.of(head_uri)
         if behaviour.trigger_latch and self.state_dir is not None:
             latch = self.state_dir / LATCH_DIR / behaviour.trigger_latch
@@ -229,6 +238,7 @@ class FakeBuildRunner:
 
     async def status(self, build_id: str) -> BuildReport:
         await self._wait("status")
+        await self._reachable("status", build_id)
         build = FakeBuild.parse(build_id)
         behaviour = Behaviour.of(build.head_uri)
         if behaviour.status_retry:
@@ -255,6 +265,7 @@ class FakeBuildRunner:
 
     async def cancel(self, build_id: str) -> None:
         await self._wait("cancel")
+        await self._reachable("cancel", build_id)
         FakeBuild.parse(build_id)
         if self.state_dir is not None:
             await asyncio.to_thread(self._record_cancel, self.state_dir, build_id,
@@ -264,6 +275,30 @@ class FakeBuildRunner:
         delay = self.latency.get(call, 0.0)
         if delay > 0:
             await asyncio.sleep(delay)
+
+    async def _reachable(self, call: str, subject: str) -> None:
+        """An injected outage of the whole CI (the module docstring)."""
+        if self.state_dir is None:
+            return
+        said = await asyncio.to_thread(self._outage, self.state_dir, call, subject)
+        if said is not None:
+            raise BuildRunnerError(f"fake runner: {call} unavailable (an injected outage: "
+                                   f"{self.state_dir / DOWN_FILE} exists)", retryable=True,
+                                   retry_after=said or None)
+
+    def _outage(self, state_dir: Path, call: str, subject: str) -> float | None:
+        """None when the CI is up; else the Retry-After it asks for (0: none), the call
+        logged."""
+        try:
+            text = (state_dir / DOWN_FILE).read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return None
+        with (state_dir / OUTAGE_CALLS_FILE).open("a", encoding="utf-8") as log:
+            log.write(f"{call} {subject or '-'} {self._clock()!r}\n")
+        try:
+            return max(0.0, float(text)) if text else 0.0
+        except ValueError:
+            return 0.0
 
     def _released_after(self, behaviour: Behaviour, build: FakeBuild) -> float | None:
         """Seconds from the trigger to the release of the build's latch; None while it is

@@ -45,8 +45,9 @@ A run's ``status`` and ``conclusion``, mapped to ours. Green only from ``success
 | anything else (4)                       |                                     | running   |
 
 (1) ``waiting``: for a deployment protection rule. (2) did not validate the commit: no
-fact. (3) over, and not known to have succeeded. (4) an unknown status is never green;
-the poll deadline ends it.
+fact. ``startup_failure`` (no job ran) is failed without a verdict: the attempt could not
+validate the commit and is tried again (design §4). (3) over, and not known to have
+succeeded. (4) an unknown status is never green; the poll deadline ends it.
 """
 
 from __future__ import annotations
@@ -263,9 +264,12 @@ class GitHubActionsBuildRunner:
         if not isinstance(status, str):
             raise BuildRunnerError(f"{PROVIDER}: run {build_id} answered without a status")
         conclusion = conclusion if isinstance(conclusion, str) else None
+        # a run that failed to start ran no job: no verdict on the commit (design §4)
+        unvalidated = ("the workflow run failed to start (startup_failure)"
+                       if status == "completed" and conclusion == "startup_failure" else "")
         return BuildReport(status_of(status, conclusion), {
             "runner": PROVIDER, "status": status, "conclusion": conclusion or "",
-            "html_url": str(run.get("html_url") or "")})
+            "html_url": str(run.get("html_url") or "")}, unvalidated)
 
     async def cancel(self, build_id: str) -> None:
         repository, run_id = parse_build_id(build_id)

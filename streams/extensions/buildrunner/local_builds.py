@@ -29,6 +29,7 @@ from streams.extensions.buildrunner.processes import (
     LAUNCHER,
     LAUNCHING,
     LOG,
+    NOT_RUN,
     PGID,
     PID,
     START_TIME,
@@ -285,6 +286,8 @@ class LocalBuilds:
             if marked_at is not None and (code_at is None or code_at >= marked_at):
                 return Observed(status, reason, exit_code, process, alive)
         if exit_code is not None:
+            if exit_code == LAUNCH_ABORTED_EXIT_CODE and (state / NOT_RUN).exists():
+                return Observed(BuildStatus.FAILED, "not_run", exit_code, process, alive)
             status = BuildStatus.SUCCEEDED if exit_code == 0 else BuildStatus.FAILED
             return Observed(status, "exit_code", exit_code, process, alive)
         if process is None:
@@ -330,6 +333,7 @@ class LocalBuilds:
             # the wrapper, if it started, reads end-of-file and exits without running
             with (state / LOG).open("a", encoding="utf-8") as log:
                 log.write(f"stovepipe: could not start the build: {exc!r}\n")
+            (state / NOT_RUN).touch()
             write_atomically(state / EXIT_CODE, f"{LAUNCH_ABORTED_EXIT_CODE}\n")
         finally:
             os.close(write_end)

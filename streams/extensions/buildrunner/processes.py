@@ -22,6 +22,9 @@ BUILD_FILE, LAUNCHING, PID, PGID, START_TIME = ("build.json", "launching", "pid"
                                                 "start_time")
 LOG, EXIT_CODE, CANCELLED, TIMED_OUT, CHECKOUT = ("log", "exit_code", "cancelled",
                                                   "timed_out", "checkout")
+# written before the exit code when the command itself never ran (the launch was aborted,
+# the checkout failed): the build gives no verdict on the commit
+NOT_RUN = "not_run"
 
 
 # $1 state dir, $2 clone source, $3 head sha, $4 command; fd 3: the "go" pipe.
@@ -33,17 +36,21 @@ finish() {
   printf '%s\n' "$1" > "$state/exit_code.tmp" && mv -f "$state/exit_code.tmp" "$state/exit_code"
   exit "$1"
 }
+not_run() {
+  : > "$state/not_run"
+  finish 125
+}
 if [ "$go" != go ]; then
   echo "stovepipe: the worker stopped before the build was recorded; not running it" >&2
-  finish 125
+  not_run
 fi
 echo "stovepipe: build $STOVEPIPE_BUILD_ID: checking out $sha" >&2
 if ! { git clone --quiet --shared --no-checkout -- "$source" "$state/checkout" &&
        git -C "$state/checkout" checkout --quiet --detach "$sha"; }; then
   echo "stovepipe: cannot check out $sha from $source" >&2
-  finish 125
+  not_run
 fi
-cd "$state/checkout" || finish 125
+cd "$state/checkout" || not_run
 echo "stovepipe: running: $command" >&2
 sh -c "$command"
 finish $?

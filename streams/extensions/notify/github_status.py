@@ -118,10 +118,13 @@ class GitHubStatusNotifier:
 def describe(notice: Notice) -> str:
     """The status's one-line description."""
     request = notice.request_id or "?"
+    green = (f"Green on attempt {notice.details.get('attempts')} after a red build "
+             f"(flaky; {request})" if notice.details.get("flaky")
+             else f"Green: validated by {request}")
     text = {"pending": f"Validating ({request})",
-            "success": f"Green: validated by {request}",
+            "success": green,
             "failure": f"Red: the build failed ({request})"}.get(notice.event)
     if text is None:
         reason = notice.details.get("description") or "no result"
-        text = f"Ended without a result: {reason} ({request})"
+        text = f"No verdict: {reason} ({request})"
     return text

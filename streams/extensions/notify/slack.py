@@ -46,8 +46,10 @@ def alert_text(notice: Notice) -> str:
                 f"{notice.details.get('latest_request_id')}).{link}")
     icon = ":red_circle:" if notice.event == "red" else ":large_green_circle:"
     was = f"was {notice.previous}" if notice.previous else "first result"
+    flake = (f" Flaky: green on attempt {notice.details.get('attempts')} after a red build "
+             f"of the same commit." if notice.details.get("flaky") else "")
     return (f"{icon} Stovepipe: {notice.queue} is {notice.event.upper()} at {commit} "
-            f"({notice.request_id}; {was}).{link}")
+            f"({notice.request_id}; {was}).{flake}{link}")
 
 
 class SlackNotifier:

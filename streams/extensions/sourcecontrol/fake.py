@@ -17,7 +17,9 @@ commit here: ``CommitNotFound``.
 
 Fault injection, as the fake BuildRunner does it: a sha with the ``-``-separated token
 ``ancestryerror`` (or ``ancestryretry``) makes ``is_ancestor`` on it fail with a
-non-retryable (or retryable) ``SourceControlError``, e.g. ``c7-ancestryerror``.
+non-retryable (or retryable) ``SourceControlError``, e.g. ``c7-ancestryerror``. An outage:
+while the file ``<file>.down`` exists, every call fails with a retryable
+``SourceControlError`` (the remote unreachable), as long as a test needs.
 
 Concurrency: every change is a read-modify-write under an exclusive ``flock`` on the
 sidecar ``<file>.lock`` and lands by ``os.replace`` of a complete temporary file; readers
@@ -56,6 +58,7 @@ from streams.schema.fields import SPEC, ConfigPath, Duration, NonEmptyStr
 URI_SCHEME = "fake://"
 LOCK_SUFFIX = ".lock"
 PROMOTION_HISTORY = 1000
+DOWN_SUFFIX = ".down"  # <file>.down: the repository is unreachable while it exists
 LATENCY_CALLS = ("head", "is_ancestor", "promote")
 _REPO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -258,6 +261,7 @@ class FakeSourceControl:
                 f"promotion_ref={self.promotion_ref!r})")
 
     async def head(self) -> str:
+        await self._wait()
         # the answer is read first and returned after the latency, as from a remote
         # server: the branch may have moved on by the time the caller sees it
         head = await asyncio.to_thread(self._head)
@@ -271,6 +275,7 @@ class FakeSourceControl:
     async def promotion_target(self) -> str | None:
         if self.promotion_ref is None:
             return None
+        await self._wait()
         sha = self._state().promoted.get(self.promotion_ref)
         return fake_uri(self.repo, self.ref, sha) if sha else None
 
@@ -280,12 +285,17 @@ class FakeSourceControl:
         await self._wait("promote")
         await asyncio.to_thread(self._promote, uri, self.promotion_ref, expected)
 
-    async def _wait(self, call: str) -> None:
-        delay = self.latency.get(call, 0.0)
-        if delay > 0:
-            await asyncio.sleep(delay)
+    async def _wait(self, call: str = "") -> None:
+        """An injected outage (``<file>.down``), else the call's simulated latency."""
+        down = self.path.with_name(self.path.name + DOWN_SUFFIX)
+        if await asyncio.to_thread(down.exists):
+            raise SourceControlError(f"fake repository {self.repo!r} is unreachable "
+                                     f"({down} exists: an injected outage)", retryable=True)
+        if self.latency.get(call, 0.0) > 0:
+            await asyncio.sleep(self.latency[call])
 
     async def commit_time(self, uri: str) -> datetime:
+        await self._wait()
         return await asyncio.to_thread(self._commit_time, uri)
 
     async def commit_uri(self, sha: str) -> str:
@@ -409,6 +419,11 @@ class FakeRepo:
         self.path = Path(path)
 
     uri = staticmethod(fake_uri)
+
+    def set_reachable(self, reachable: bool) -> None:
+        """Make the repository unreachable to every worker (an outage), or reachable."""
+        down = self.path.with_name(self.path.name + DOWN_SUFFIX)
+        down.unlink(missing_ok=True) if reachable else down.touch()
 
     def commit(self, sha: str, *, parents: Sequence[str] = (),
                time: datetime | None = None) -> str:

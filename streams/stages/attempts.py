@@ -1,0 +1,89 @@
+"""How an attempt of a Request ends (design §4, "Only a build that ran gives a verdict" and
+"Attempts"): pure, so it is tested with Hypothesis.
+
+An attempt is one build. It ends with what its build said — or with what Stovepipe could
+tell when it said nothing usable:
+
+| the attempt ended                                   | status    | verdict | then        |
+|-----------------------------------------------------|-----------|---------|-------------|
+| the build succeeded                                 | succeeded | green   | settle      |
+| the build ran and failed                            | failed    | red     | re-run (1)  |
+| it ran past the poll deadline, still running (2)    | failed    | red     | re-run (1)  |
+| its host was lost, it vanished, its command or job  | failed    | none    | again (3)   |
+| never ran (the runner says so)                      |           |         |             |
+| it never started within the poll deadline           | failed    | none    | again (3)   |
+| its status could not be read until past the poll    | failed    | none    | again (3)   |
+| deadline (the runner unavailable)                   |           |         |             |
+| its trigger kept failing past the trigger deadline  | (no build)| none    | again (3)   |
+| it was cancelled (the provider, a person)           | cancelled | none    | settle      |
+
+(1) up to the queue's ``retry.red`` re-runs, at once; then the Request ends `failed` with
+a red verdict (a red fact). Green on a re-run settles the Request green, marked flaky.
+(2) A build that started and then hung is a real failure more often than not (a test that
+deadlocks, a step waiting for input): it counts as red, so a hang cannot turn into an
+endless series of re-attempts. A build that never started says nothing about the commit.
+(3) up to the queue's ``retry.unvalidated`` re-attempts, after ``retry.backoff`` doubling
+each time; then the Request ends `failed` without a verdict: no fact, no red alert, its
+reason recorded, and the commit may be validated again (an ingest of it does so by itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from store import BuildStatus, Request, RequestState, Verdict
+from store.steps import AttemptEnd
+from streams.config.queues import RetrySpec
+from streams.stages.kit import seconds
+
+BACKOFF_CAP = 3600.0  # the longest wait before a re-attempt, however many came before
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What is known of an attempt's end: its build's terminal status, the verdict it
+    gives (None: none), and why, in words (required without a verdict)."""
+
+    status: BuildStatus
+    verdict: Verdict | None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.status.is_terminal:
+            raise ValueError(f"an attempt ends with a terminal status, got {self.status}")
+        allowed = {BuildStatus.SUCCEEDED: (Verdict.GREEN,),
+                   BuildStatus.FAILED: (Verdict.RED, None),
+                   BuildStatus.CANCELLED: (None,)}[self.status]
+        if self.verdict not in allowed:
+            raise ValueError(f"a {self.status} build cannot give the verdict {self.verdict}")
+        if self.status is BuildStatus.FAILED and self.verdict is None and not self.reason:
+            raise ValueError("an attempt without a verdict needs its reason")
+
+
+def decide(request: Request, observed: Observed, retry: RetrySpec) -> AttemptEnd:
+    """How the Request's current attempt ends, given its counts of attempts so far."""
+    match observed.status, observed.verdict:
+        case BuildStatus.SUCCEEDED, _:
+            return AttemptEnd(settle=True, outcome=RequestState.SUCCEEDED,
+                              verdict=Verdict.GREEN, reason=observed.reason)
+        case BuildStatus.CANCELLED, _:
+            return AttemptEnd(settle=True, outcome=RequestState.CANCELLED,
+                              reason=observed.reason or "its build was cancelled")
+        case BuildStatus.FAILED, Verdict.RED:
+            if request.red_reruns < retry.red:
+                return AttemptEnd(settle=False, again_after="red", reason=observed.reason)
+            return AttemptEnd(settle=True, outcome=RequestState.FAILED, verdict=Verdict.RED,
+                              reason=observed.reason)
+    if request.unvalidated_retries < retry.unvalidated:
+        return AttemptEnd(settle=False, again_after="unvalidated", reason=observed.reason,
+                          backoff=backoff(retry, request.unvalidated_retries))
+    attempts = request.attempt
+    return AttemptEnd(settle=True, outcome=RequestState.FAILED, verdict=None,
+                      reason=f"could not be validated ({attempts} attempt"
+                             f"{'s' if attempts != 1 else ''}): {observed.reason}")
+
+
+def backoff(retry: RetrySpec, retries_so_far: int) -> float:
+    """Seconds before re-attempt number ``retries_so_far`` + 1: ``retry.backoff``
+    doubling each time, capped."""
+    return min(seconds(retry.backoff) * 2 ** min(retries_so_far, 20), BACKOFF_CAP)
