@@ -1,23 +1,31 @@
 """The dashboard a worker serves at `/`, rendered by headless Chromium against a real
-worker: what a person opening the page sees once its script has fetched the API.
+worker: what a person opening the page sees once its script has fetched the API, and what
+pressing "Validate again" does (Chromium driven over its DevTools protocol).
 
 Needs Debian's `chromium` (apt-get install -y chromium fonts-liberation). The
-screenshot is kept in test-artifacts/dashboard.png.
+screenshots are kept in test-artifacts/ (dashboard.png, dashboard-request.png).
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import contextlib
 import html
+import json
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Self
 
+import aiohttp
 import pytest
 
 from streams.config.settings import REPO_ROOT
-from tests.waiting import wait_until
-from tests.web_support import WebPipeline
+from tests.waiting import wait_until, wait_until_async
+from tests.web_support import TOKEN, WebPipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 
@@ -117,9 +125,12 @@ def test_the_dashboard_shows_queues_requests_and_facts(web: WebPipeline,
     assert match and "request/team/main/2" in match.group(1), detail
     shown = match.group(1)
     assert 'state-failed">failed<' in shown and 'fact-red"' in shown
+    assert "red verdict" in shown and "head of the branch" in shown and "1 attempt" in shown
+    assert 'id="retry-button">Validate again<' in shown  # shown: the commit is not green
     assert "fake://r/team/main-main/b2-fail" in shown
     [build_id] = [b["id"] for b in web.request("request/team/main/2")["builds"]]
-    assert re.search(rf'data-build="{re.escape(build_id)}".*?state-failed">failed<', shown)
+    assert re.search(rf'data-build="{re.escape(build_id)}".*?state-failed">failed<.*?'
+                     r'fact-red">red<', shown)
     assert 'href="#request=request%2Fteam%2Fmain%2F1"' in detail  # rows link to their view
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -136,3 +147,161 @@ def _section(dom: str, queue: str) -> str:
                       dom, re.DOTALL)
     assert match, f"no section for {queue}"
     return match.group(1)
+
+
+# --- "Validate again", clicked --------------------------------------------------------
+
+
+@contextlib.contextmanager
+def chromium_with_devtools(url: str, profile: Path) -> Iterator[int]:
+    """Headless Chromium showing ``url``; yields the port of its DevTools protocol."""
+    process = subprocess.Popen(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={profile}", "--window-size=1280,900",
+         "--remote-debugging-port=0", url],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port_file = profile / "DevToolsActivePort"  # written once it listens
+
+        def listening() -> bool:
+            assert process.poll() is None, f"Chromium exited {process.returncode}"
+            return port_file.exists() and bool(port_file.read_text().strip())
+
+        wait_until(listening, timeout=60, what="Chromium's DevTools port", interval=0.1)
+        yield int(port_file.read_text().split()[0])
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+
+
+class Page:
+    """The tab of a Chromium started by `chromium_with_devtools`, over its DevTools
+    protocol: evaluate JavaScript in it. Use as ``async with Page(port) as page``."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._session: aiohttp.ClientSession | None = None
+        self._socket: aiohttp.ClientWebSocketResponse | None = None
+        self._next_id = 0
+
+    async def __aenter__(self) -> Self:
+        self._session = aiohttp.ClientSession()
+        try:
+            async with self._session.get(f"http://127.0.0.1:{self.port}/json/list") as answer:
+                targets = await answer.json()
+            [target] = [t for t in targets if t["type"] == "page"]
+            self._socket = await self._session.ws_connect(target["webSocketDebuggerUrl"],
+                                                          max_msg_size=0)
+        except BaseException:
+            await self._session.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._socket is not None:
+            await self._socket.close()
+        if self._session is not None:
+            await self._session.close()
+
+    async def evaluate(self, expression: str) -> Any:
+        result = await self._call("Runtime.evaluate", expression=expression,
+                                  returnByValue=True)
+        assert "exceptionDetails" not in result, result["exceptionDetails"]
+        return result["result"].get("value")
+
+    async def screenshot(self, path: Path) -> None:
+        shot = await self._call("Page.captureScreenshot", format="png")
+        path.write_bytes(base64.b64decode(shot["data"]))  # noqa: ASYNC240 - a test's file
+
+    async def _call(self, method: str, **params: Any) -> dict[str, Any]:
+        assert self._socket is not None, "use the Page as an async context manager"
+        self._next_id += 1
+        await self._socket.send_json({"id": self._next_id, "method": method,
+                                      "params": params})
+        while True:  # events may come first; the answer carries the call's id
+            message = await self._socket.receive_json(timeout=30)
+            if message.get("id") == self._next_id:
+                break
+        assert "error" not in message, message["error"]
+        result: dict[str, Any] = message["result"]
+        return result
+
+    async def wait_for(self, expression: str, what: str, within: float = 30) -> Any:
+        """The value of ``expression`` once it is truthy."""
+        found: list[Any] = []
+
+        async def truthy() -> bool:
+            found[:] = [await self.evaluate(expression)]
+            return bool(found[0])
+
+        await wait_until_async(truthy, within=within, what=what, interval=0.1)
+        return found[0]
+
+
+def _text(selector: str) -> str:
+    """JavaScript: the visible text of the first element ``selector`` matches ('' if none)."""
+    return f"(document.querySelector({json.dumps(selector)}) || {{innerText: ''}}).innerText"
+
+
+def test_validate_again_from_the_request_view(web: WebPipeline, tmp_path: Path) -> None:
+    chromium()
+    ref = web.add_queue("team/main", poll_deadline="2s", retry={"unvalidated": 0})
+    web.repo.push(ref, "a1")
+    web.start_web_worker(env={"STOVEPIPE_API_TOKEN": TOKEN})
+    web.wait_healthy()
+    assert web.post("/api/queues/team/main/ingest").status == 201
+    web.wait_quiet()
+    web.repo.push(ref, "b2-queued100")  # never starts: it cannot be validated
+    failed = web.post("/api/queues/team/main/ingest").body["request_id"]
+    web.wait_terminal([failed])
+    why = "could not be validated (1 attempt): it did not start within the poll deadline (2s)"
+
+    async def drive(port: int) -> str:
+        async with Page(port) as page:
+            row = f'#queues tr[data-request="{failed}"] .state-unvalidated'
+            assert await page.wait_for(_text(row), "the queue table") == "could not validate"
+            assert await page.evaluate(
+                f"document.querySelector({json.dumps(row)}).title") == why
+            view = await page.wait_for(_text("#request-view"), "the Request view")
+            assert why in view and "head of the branch" in view
+            assert "could not validate: it did not start" in view  # its attempt's line
+            assert await page.evaluate("document.getElementById('token-field').hidden")
+
+            await page.wait_for("!document.getElementById('retry-button').hidden",
+                                "the Validate again button")
+            await page.evaluate("document.getElementById('retry-button').click()")
+            asked = await page.wait_for(_text("#retry-result .error"), "the token request")
+            assert "needs its API token" in asked
+            assert not await page.evaluate("document.getElementById('token-field').hidden")
+            await page.evaluate(
+                "const field = document.getElementById('api-token');"
+                f"field.value = {json.dumps(TOKEN)};"
+                "field.dispatchEvent(new Event('input'));"
+                "document.getElementById('retry-button').click()")
+            retried = await page.wait_for(_text("#retry-result [data-retried]"),
+                                          "the new Request's id")
+            assert "Validating again" in await page.evaluate(_text("#retry-result"))
+            ARTIFACTS.mkdir(exist_ok=True)
+            await page.screenshot(ARTIFACTS / "dashboard-request.png")
+            assert await page.evaluate(
+                "sessionStorage.getItem('stovepipe.apiToken')") == TOKEN
+            # the commit is being validated again: no second button
+            await page.wait_for("document.getElementById('retry-button').hidden",
+                                "the button to go once the commit is being validated")
+            await page.evaluate("document.querySelector('#retry-result a').click()")
+            heading = await page.wait_for(
+                f"{_text('#request-view h3')} === {json.dumps(retried)} && "
+                f"{_text('#request-view')}", "the new Request's view")
+            assert "retry: validates the commit again" in heading
+            return str(retried)
+
+    with chromium_with_devtools(web.url("/#request=" + failed), tmp_path / "profile") as port:
+        retried = asyncio.run(drive(port))
+    assert retried == f"{failed}.2"
+    shown = web.get("/api/requests/" + retried).body["request"]
+    assert (shown["kind"], shown["uri"]) == ("retry", f"fake://r/{ref}/b2-queued100")

@@ -1,6 +1,7 @@
 """Deploy-gate answers by commit sha (design §9), on the real broker and database: the CLI
-on a fake repository with a red commit, a never-ingested one and an ambiguous prefix; the
-HTTP API on a real git repository, with the promotion ref's target."""
+on a fake repository with a red commit, a never-ingested one, another queue's, one the
+repository does not have and an ambiguous prefix; the HTTP API on a real git repository,
+with the promotion ref's target."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 QUEUE = "gate/main"
 
 
-def _fact(pipeline: Pipeline, commit: str) -> tuple[int, dict[str, Any] | None, str]:
-    result = pipeline.cli("fact", QUEUE, commit, "--json", check=False)
+def _fact(pipeline: Pipeline, commit: str,
+          queue: str = QUEUE) -> tuple[int, dict[str, Any] | None, str]:
+    result = pipeline.cli("fact", queue, commit, "--json", check=False)
     body = json.loads(result.stdout) if result.returncode in (0, 3) else None
     return result.returncode, body, result.stderr
 
@@ -34,6 +36,8 @@ def _validate(pipeline: Pipeline, ref: str, *shas: str) -> None:
 
 def test_the_cli_answers_by_sha_with_the_nearest_green_commits(pipeline: Pipeline) -> None:
     ref = pipeline.add_queue(QUEUE)
+    other = pipeline.add_queue("gate/other")
+    pipeline.repo.push(other, "o1")
     pipeline.start_worker()
     _validate(pipeline, ref, "a1")  # request 1, green
     _validate(pipeline, ref, "b2-fail")  # request 2, red
@@ -50,6 +54,7 @@ def test_the_cli_answers_by_sha_with_the_nearest_green_commits(pipeline: Pipelin
     assert (green["uri"], green["green"], green["prior_green"], green["next_green"]) == (
         uri("a1"), True, None, None)
     assert green["fact"]["request_id"] == f"request/{QUEUE}/1"
+    assert green["known"] is True
 
     code, red, _ = _fact(pipeline, "b2")  # a unique prefix
     assert code == 3 and red is not None
@@ -76,11 +81,33 @@ def test_the_cli_answers_by_sha_with_the_nearest_green_commits(pipeline: Pipelin
     assert lines[1:] == [f"  newest green ancestor   {uri('c3')}  (request/{QUEUE}/3)",
                          f"  oldest green descendant {uri('f6')}  (request/{QUEUE}/5)"]
 
-    code, _, error = _fact(pipeline, "g7")
-    assert code == 1 and "names 2 commits" in error and "give more digits" in error
-    assert "Traceback" not in error
-    code, _, error = _fact(pipeline, "zz")
-    assert code == 1 and "has no commit 'zz'" in error and "Traceback" not in error
+    # every commit a gate can name gets an answer it can read, green or not
+    code, ambiguous, _ = _fact(pipeline, "g7")
+    assert code == 3 and ambiguous is not None
+    assert (ambiguous["uri"], ambiguous["green"], ambiguous["fact"], ambiguous["known"]) == (
+        None, False, None, False)
+    assert "names 2 commits" in ambiguous["reason"]
+    assert "give more digits" in ambiguous["reason"]
+    code, missing, _ = _fact(pipeline, "zz")
+    assert code == 3 and missing is not None
+    assert (missing["uri"], missing["green"], missing["known"]) == (None, False, False)
+    assert "has no commit 'zz'" in missing["reason"]
+    code, gone, _ = _fact(pipeline, "fake://r/gone/0ff")  # a URI of no commit
+    assert code == 3 and gone is not None
+    assert (gone["uri"], gone["green"], gone["known"]) == ("fake://r/gone/0ff", False, False)
+    text = pipeline.cli("fact", QUEUE, "zz", check=False)
+    assert text.returncode == 3
+    assert text.stdout.startswith("zz: not green — ") and "has no commit 'zz'" in text.stdout
+    pipeline.ingest("gate/other")
+    pipeline.wait_quiet()
+    assert _fact(pipeline, uri("a1"), "gate/other")[0] == 3  # validated on gate/main only
+    code, elsewhere, _ = _fact(pipeline, f"fake://r/{other}/o1")  # green on gate/other
+    assert code == 3 and elsewhere is not None
+    assert (elsewhere["green"], elsewhere["fact"], elsewhere["known"]) == (False, None, True)
+
+    for malformed in ("a b", "x/y"):  # not a sha: an error, not an answer
+        code, _, error = _fact(pipeline, malformed)
+        assert code == 1 and "not a fake sha" in error and "Traceback" not in error
     result = pipeline.cli("fact", "no/such", "a1", check=False)
     assert result.returncode == 1 and "no/such" in result.stderr
     assert "Traceback" not in result.stderr
@@ -150,12 +177,26 @@ def test_the_api_answers_by_sha_on_a_git_queue(web: WebPipeline) -> None:
                                       "target_known": True}
     assert _git(repo, "rev-parse", "verified-main") == three
 
-    unknown = "0" * 40
-    assert_error(web.get(f"/api/queues/gate/main/green?sha={unknown}"), 404, unknown)
+    assert (by_prefix.body["known"], by_full.body["known"], answer.body["known"]) == (
+        True, True, True)
+    unknown = "0" * 40  # a gate reads `.green` whatever the commit
+    missing = web.get(f"/api/queues/gate/main/green?sha={unknown}")
+    assert missing.status == 200, missing.text
+    assert (missing.body["green"], missing.body["fact"], missing.body["known"],
+            missing.body["uri"], missing.body["sha"]) == (False, None, False, uri(unknown),
+                                                          unknown)
+    assert unknown in missing.body["reason"]
+    by_uri = web.get("/api/queues/gate/main/green?" + urlencode({"uri": uri(unknown)}))
+    assert (by_uri.status, by_uri.body["green"], by_uri.body["known"]) == (200, False, False)
     assert_error(web.get("/api/queues/gate/main/green?sha=xyz"), 400, "hex digits")
     assert_error(web.get("/api/queues/gate/main/green"), 400, "exactly one")
     assert_error(web.get("/api/queues/gate/main/green?" + urlencode(
         {"sha": one, "uri": uri(one)})), 400, "exactly one")
     assert_error(web.get("/api/queues/no/such/green?sha=" + one), 404, "no/such")
-    assert_error(web.get("/api/facts?" + urlencode({"queue": QUEUE, "sha": "ffff"})), 404,
-                 "no commit")
+    prefix = web.get("/api/facts?" + urlencode({"queue": QUEUE, "sha": "ffff"}))
+    assert prefix.status == 200, prefix.text
+    assert (prefix.body["green"], prefix.body["fact"], prefix.body["known"],
+            prefix.body["uri"]) == (False, None, False, None)
+    assert "no commit" in prefix.body["reason"]
+    assert_error(web.get("/api/facts?" + urlencode({"queue": QUEUE, "sha": "xyz"})), 400,
+                 "hex digits")

@@ -12,6 +12,7 @@ from urllib.parse import quote, urlencode
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from tests.waiting import wait_until
 from tests.web_support import TOKEN, WebPipeline, assert_error
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
@@ -42,8 +43,13 @@ def test_ingest_and_read_back_over_http(web: WebPipeline) -> None:
     assert shown.status == 200
     assert shown.body["request"]["state"] == "succeeded"
     assert shown.body["request"]["uri"] == _uri(ref, "a1")
-    assert [b["status"] for b in shown.body["builds"]] == ["succeeded"]
+    assert [(b["attempt"], b["status"], b["verdict"]) for b in shown.body["builds"]] == [
+        (1, "succeeded", "green")]
+    assert (shown.body["request"]["kind"], shown.body["request"]["attempt"],
+            shown.body["request"]["verdict"]) == ("head", 1, "green")
     assert shown.body["fact"]["degree"] == 0
+    assert shown.body["commit_fact"] == shown.body["fact"]  # its own fact answers
+    assert shown.body["newest_for_commit"]["id"] == "request/team/main/1"
     assert shown.body["green"] is True
     assert web.get("/api/requests/" + quote("request/team/main/1", safe="")).body == shown.body
 
@@ -71,13 +77,17 @@ def test_ingest_and_read_back_over_http(web: WebPipeline) -> None:
     assert sorted(q["name"] for q in listed) == ["idle", "team/main"]
 
     green = web.get("/api/facts?" + urlencode({"queue": "team/main", "uri": _uri(ref, "a1")}))
-    assert (green.status, green.body["green"], green.body["fact"]["request_id"]) == (
-        200, True, "request/team/main/1")
+    assert (green.status, green.body["green"], green.body["fact"]["request_id"],
+            green.body["known"]) == (200, True, "request/team/main/1", True)
     red = web.get("/api/facts?" + urlencode({"queue": "team/main",
                                             "uri": _uri(ref, "b2-fail")}))
-    assert (red.status, red.body["green"], red.body["fact"]["degree"]) == (200, False, 1)
+    assert (red.status, red.body["green"], red.body["fact"]["degree"], red.body["known"]) == (
+        200, False, 1, True)
     unknown = web.get("/api/facts?" + urlencode({"queue": "team/main", "uri": "fake://r/x/y"}))
-    assert (unknown.status, unknown.body["green"], unknown.body["fact"]) == (200, False, None)
+    assert (unknown.status, unknown.body["green"], unknown.body["fact"],
+            unknown.body["known"], unknown.body["uri"]) == (200, False, None, False,
+                                                            "fake://r/x/y")
+    assert "has no commit y" in unknown.body["reason"]
 
     # newest first by ingest order: past 9, text order would put /10 after /9
     for n in range(3, 13):
@@ -134,7 +144,24 @@ def test_bad_input_is_a_json_error_never_a_traceback(web: WebPipeline) -> None:
 
     unknown_queue = web.get("/api/facts?queue=nope&uri=x")  # a gate never gets a 404
     assert (unknown_queue.status, unknown_queue.body["green"]) == (200, False)
+    assert unknown_queue.body["known"] is False
     assert "unknown queue" in unknown_queue.body["note"]
+    assert "unknown queue" in unknown_queue.body["reason"]
+
+    retry = "/api/queues/team/main/retry"
+    assert_error(web.post(retry, token=None), 404, "no head yet")  # never ingested
+    assert_error(web.post_json(retry, b"{", token=None), 400, "not JSON")
+    assert_error(web.post_json(retry, b"\xff", token=None), 400, "not JSON")
+    assert_error(web.post_json(retry, [1], token=None), 400, '{"commit"')
+    assert_error(web.post_json(retry, {"sha": "x1"}, token=None), 400, '{"commit"')
+    assert_error(web.post_json(retry, {"commit": 5}, token=None), 400, "'commit'")
+    assert_error(web.post_json(retry, {"commit": " "}, token=None), 400, "'commit'")
+    assert_error(web.post_json(retry, b"x" * 5000, token=None), 413, "at most")
+    assert_error(web.post_json(retry, {"commit": "a b"}, token=None), 400, "not a fake sha")
+    assert_error(web.post_json(retry, {"commit": "x1"}, token=None), 404, "never ingested")
+    assert_error(web.post_json(retry, {"commit": "zz"}, token=None), 404, "no commit 'zz'")
+    assert_error(web.post("/api/queues/nope/retry", token=None), 404, "unknown queue")
+    assert_error(web.post("/api/queues/bad%20name/retry", token=None), 400, invalid)
 
 
 def test_an_api_token_guards_writes_only(web: WebPipeline) -> None:
@@ -151,6 +178,72 @@ def test_an_api_token_guards_writes_only(web: WebPipeline) -> None:
     assert web.post("/api/queues/team/main/ingest").status == 201
     assert web.get("/api/queues/team/main").status == 200  # reads stay open
     assert web.get("/api/requests/request/team/main/1").status == 200
+    retry = "/api/queues/team/main/retry"
+    assert_error(web.post(retry, token=None), 401, "Authorization: Bearer")
+    assert_error(web.post_json(retry, {"commit": "a1"}, token="wrong"), 401, "wrong")
+    assert set(web.states()) == {"request/team/main/1"}  # nothing validated again
+
+
+def test_validating_a_commit_again_over_http(web: WebPipeline) -> None:
+    ref = web.add_queue("team/main")
+    web.repo.push(ref, "a1")
+    web.start_web_worker(env={"STOVEPIPE_API_TOKEN": TOKEN})
+    web.wait_healthy()
+    retry = "/api/queues/team/main/retry"
+    assert web.post("/api/queues/team/main/ingest").status == 201  # request 1: green
+    web.wait_quiet()
+    web.repo.push(ref, "b1", "b2-fail")  # b1 is never a head
+    assert web.post("/api/queues/team/main/ingest").status == 201  # request 2: red
+    web.wait_quiet()
+
+    refused = web.post_json(retry, {"commit": "a1"})
+    assert refused.status == 409, refused.text
+    assert set(refused.body) == {"error", "fact"}
+    assert "is green" in refused.body["error"]
+    assert refused.body["fact"]["request_id"] == "request/team/main/1"
+    assert_error(web.post_json(retry, {"commit": "b1"}), 404, "never ingested")
+    assert_error(web.post_json(retry, {"commit": "0ff"}), 404, "no commit")
+
+    again = web.post(retry)  # no body: the queue's newest head, b2-fail
+    assert (again.status, again.body) == (201, {
+        "queue": "team/main", "uri": _uri(ref, "b2-fail"), "request_id":
+        "request/team/main/2.2", "new": True, "previous_id": "request/team/main/2"})
+    web.wait_terminal(["request/team/main/2.2"])
+    wait_until(lambda: bool(web.query("SELECT 1 FROM validation_fact WHERE request_id = %s",
+                                      "request/team/main/2.2")),
+               timeout=60, what="the fact of request/team/main/2.2")
+
+    shown = web.get("/api/requests/request/team/main/2.2").body
+    assert (shown["request"]["kind"], shown["request"]["state"], shown["request"]["verdict"],
+            shown["request"]["attempt"]) == ("retry", "failed", "red", 1)
+    assert [(b["attempt"], b["verdict"]) for b in shown["builds"]] == [(1, "red")]
+    assert shown["fact"]["request_id"] == shown["commit_fact"]["request_id"] == \
+        "request/team/main/2.2"
+    assert shown["green"] is False
+    first = web.get("/api/requests/request/team/main/2").body  # its own red fact stays
+    assert (first["fact"]["request_id"], first["fact"]["degree"]) == ("request/team/main/2", 1)
+    assert first["commit_fact"]["request_id"] == "request/team/main/2.2"
+    assert first["newest_for_commit"]["id"] == "request/team/main/2.2"
+    recent = web.get("/api/queues/team/main/requests").body["requests"]
+    assert [(r["request"]["id"], (r["fact"] or {}).get("request_id")) for r in recent] == [
+        ("request/team/main/2.2", "request/team/main/2.2"),
+        ("request/team/main/2", "request/team/main/2"),
+        ("request/team/main/1", "request/team/main/1")]
+
+    # a commit being validated now is not validated twice
+    web.repo.push(ref, "c3-latchC")
+    assert web.post("/api/queues/team/main/ingest").body["request_id"] == "request/team/main/3"
+    wait_until(lambda: web.states().get("request/team/main/3") == "processing", timeout=60,
+               what="request/team/main/3 to be building")
+    same = web.post_json(retry, {"commit": _uri(ref, "c3-latchC")})
+    assert (same.status, same.body["request_id"], same.body["new"],
+            same.body["previous_id"]) == (200, "request/team/main/3", False,
+                                          "request/team/main/3")
+    web.release("C")
+    web.wait_quiet()
+    assert web.post_json(retry, {"commit": "c3"}).status == 409
+    assert web.states()["request/team/main/3"] == "succeeded"
+    assert len(web.states()) == 4
 
 
 class TcpProxy:

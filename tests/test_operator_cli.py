@@ -1,4 +1,5 @@
-"""`stovepipe replay | dlq | parked` on a real broker and database.
+"""`stovepipe replay | dlq | parked` on a real broker and database, and `stovepipe request
+| queue | fact | retry` against a real worker.
 
 Each test has its own topics (prefix), consumer groups (app id) and schema. Offsets are
 checked with a Consumer's `committed`, the way a worker would see them.
@@ -28,6 +29,7 @@ from streams.cli import main
 from streams.config.topics import TopicsConfig
 from streams.runtime import headers as h
 from streams.runtime.kafka import producer_conf
+from tests.pipeline_support import Pipeline
 from tests.runtime_support import create_topics, read_all, write_test_topics
 from tests.waiting import wait_until
 
@@ -487,3 +489,135 @@ def test_parked_on_an_unmigrated_database_says_what_to_run(schema_dsn: str) -> N
     result = CliRunner().invoke(main, ["parked", "--dsn", schema_dsn])
     assert result.exit_code == 1
     assert "stovepipe db migrate" in result.output
+
+
+# --- request, queue, fact, retry --------------------------------------------------------
+
+SHORT = "cli/main"  # a poll deadline of 2 s, and no re-attempt of an unvalidated attempt
+SLOW = "cli/slow"
+
+
+def _wait_fact(pipeline: Pipeline, request_id: str) -> None:
+    pipeline.wait_terminal([request_id])
+    wait_until(lambda: bool(pipeline.query(
+        "SELECT 1 FROM validation_fact WHERE request_id = %s", request_id)),
+        timeout=60, what=f"the fact of {request_id}")
+
+
+def _lines(pipeline: Pipeline, *args: str) -> list[str]:
+    return pipeline.cli(*args).stdout.splitlines()
+
+
+@pytest.mark.kafka
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_failure_says_whether_it_is_a_red_verdict_and_a_commit_can_be_validated_again(
+        pipeline: Pipeline) -> None:
+    ref = pipeline.add_queue(SHORT, poll_deadline="2s", retry={"unvalidated": 0})
+    pipeline.start_worker()
+
+    def uri(sha: str) -> str:
+        return f"fake://r/{ref}/{sha}"
+
+    pipeline.repo.push(ref, "a1")
+    assert pipeline.ingest(SHORT) == f"request/{SHORT}/1"
+    pipeline.wait_quiet()
+
+    # never started within the poll deadline: it could not be validated, no fact
+    pipeline.repo.push(ref, "b2-queued100")
+    unvalidated = pipeline.ingest(SHORT)
+    pipeline.wait_terminal([unvalidated])
+    why = "it did not start within the poll deadline (2s)"
+    reason = f"could not be validated (1 attempt): {why}"
+    shown = pipeline.request(unvalidated)
+    assert (shown["request"]["state"], shown["request"]["verdict"],
+            shown["request"]["reason"], shown["request"]["attempt"]) == (
+        "failed", None, reason, 1)
+    assert (shown["fact"], shown["commit_fact"], shown["green"]) == (None, None, False)
+    [build] = shown["builds"]
+    assert (build["attempt"], build["status"], build["verdict"]) == (1, "failed", None)
+    text = _lines(pipeline, "request", unvalidated)
+    assert text[0] == f"{unvalidated}  failed — {reason}"
+    assert f"  attempt 1  {build['id']}  failed  could not validate: {why}" in text
+    assert "  fact      none" in text and "  attempts  1" in text
+    assert _lines(pipeline, "queue", SHORT)[-1] == (
+        f"  latest      {unvalidated}  failed — {reason}")
+    queue = json.loads(pipeline.cli("queue", SHORT, "--json").stdout)
+    assert (queue["latest_request"]["id"], queue["latest_request"]["reason"]) == (
+        unvalidated, reason)
+    answer = pipeline.cli("fact", SHORT, "b2", check=False)
+    assert answer.returncode == 3
+    assert f"  newest request {unvalidated}: {reason}" in answer.stdout.splitlines()
+
+    # ran past the poll deadline: a red verdict
+    pipeline.repo.push(ref, "c3-latchC3")
+    red = pipeline.ingest(SHORT)
+    _wait_fact(pipeline, red)
+    text = _lines(pipeline, "request", red)
+    assert text[0] == f"{red}  failed (red verdict)"
+    assert "  verdict   red" in text and "  kind      head" in text
+    assert "  reason    it ran past the poll deadline (2s)" in text
+    assert f"  fact      degree 1 (red) by {red}" in text
+
+    # validated again once the build can finish: green, the red fact still readable
+    pipeline.release("C3")
+    assert pipeline.cli("retry", SHORT, "c3").stdout == f"request/{SHORT}/3.2\n"
+    _wait_fact(pipeline, f"request/{SHORT}/3.2")
+    first = pipeline.request(red)
+    assert (first["fact"]["request_id"], first["fact"]["degree"]) == (red, 1)
+    assert (first["commit_fact"]["request_id"], first["commit_fact"]["degree"]) == (
+        f"request/{SHORT}/3.2", 0)
+    assert first["green"] is True
+    text = _lines(pipeline, "request", red)
+    assert f"  answer    degree 0 (green) by request/{SHORT}/3.2 (the commit's answer now)" \
+        in text
+    assert f"  newest    request/{SHORT}/3.2  succeeded" in text
+    again = pipeline.request(f"request/{SHORT}/3.2")
+    assert (again["request"]["kind"], again["request"]["verdict"],
+            again["fact"]["request_id"]) == ("retry", "green", f"request/{SHORT}/3.2")
+    assert pipeline.cli("fact", SHORT, "c3").returncode == 0
+
+    refused = pipeline.cli("retry", SHORT, "c3", check=False)
+    assert refused.returncode == 4, refused.stderr
+    assert refused.stdout == "" and f"fact of request/{SHORT}/3.2" in refused.stderr
+    assert "never validated again" in refused.stderr and "Traceback" not in refused.stderr
+    refused = pipeline.cli("retry", SHORT, uri("c3-latchC3"), "--json", check=False)
+    assert refused.returncode == 4
+    assert json.loads(refused.stdout)["fact"]["request_id"] == f"request/{SHORT}/3.2"
+
+    # the commit that could not be validated, validated again
+    retried = json.loads(pipeline.cli("retry", SHORT, "b2", "--json").stdout)
+    assert retried == {"queue": SHORT, "uri": uri("b2-queued100"),
+                       "request_id": f"request/{SHORT}/2.2", "new": True,
+                       "previous_id": unvalidated}
+    pipeline.wait_terminal([f"request/{SHORT}/2.2"])
+
+    pipeline.repo.push(ref, "d4")  # never ingested
+    for args, message in ((("zz",), "has no commit 'zz'"), (("a b",), "not a fake sha"),
+                          (("d4",), "never ingested")):
+        result = pipeline.cli("retry", SHORT, *args, check=False)
+        assert result.returncode == 1, result
+        assert message in result.stderr and "Traceback" not in result.stderr
+    result = pipeline.cli("retry", "no/such", check=False)
+    assert result.returncode == 1 and "unknown queue" in result.stderr
+
+
+@pytest.mark.kafka
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_retry_of_a_commit_being_validated_names_that_request(pipeline: Pipeline) -> None:
+    ref = pipeline.add_queue(SLOW)
+    pipeline.repo.push(ref, "s1-latchS1")
+    pipeline.start_worker()
+    nothing = pipeline.cli("retry", SLOW, check=False)
+    assert nothing.returncode == 1 and "has no head yet" in nothing.stderr
+    building = pipeline.ingest(SLOW)
+    wait_until(lambda: pipeline.states().get(building) == "processing", timeout=60,
+               what=f"{building} to be building")
+    same = pipeline.cli("retry", SLOW)
+    assert same.stdout == f"{building}\n"
+    assert f"{building} is validating fake://r/{ref}/s1-latchS1 now" in same.stderr
+    pipeline.release("S1")
+    pipeline.wait_quiet()
+    assert pipeline.cli("retry", SLOW, check=False).returncode == 4  # the head is green
+    assert pipeline.states() == {building: "succeeded"}

@@ -54,9 +54,10 @@ class WebPipeline(Pipeline):
         return f"http://127.0.0.1:{self.port}{path}"
 
     def call(self, method: str, path: str, *, token: str | None = None,
-             timeout: float = 30) -> Reply:
-        request = urllib.request.Request(self.url(path), method=method,
-                                         data=b"" if method == "POST" else None)
+             timeout: float = 30, data: bytes | None = None) -> Reply:
+        if data is None and method == "POST":
+            data = b""
+        request = urllib.request.Request(self.url(path), method=method, data=data)
         if token is not None:
             request.add_header("Authorization", f"Bearer {token}")
         try:
@@ -73,6 +74,11 @@ class WebPipeline(Pipeline):
 
     def post(self, path: str, token: str | None = TOKEN) -> Reply:
         return self.call("POST", path, token=token)
+
+    def post_json(self, path: str, body: Any, token: str | None = TOKEN) -> Reply:
+        """POST ``body`` as JSON (bytes are sent as they are, to send malformed ones)."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return self.call("POST", path, token=token, data=data)
 
     def wait_healthy(self, timeout: float = 90) -> None:
         def healthy() -> bool:

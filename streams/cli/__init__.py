@@ -2,6 +2,7 @@
 
     worker    run the stages (worker.py)       ingest, poll   ingest heads (ingest.py)
     request, queue, fact   read state (show.py) topics, db     set up Kafka / PostgreSQL
+    retry                  validate a commit again (retry.py)
     replay, dlq, parked    recover (replay.py, dlq.py, parked.py; kafka.py is shared)
     dev, demo              the local stack and the demo (dev.py, demo.py)
 """
@@ -25,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "request": "streams.cli.show:request_command",
     "queue": "streams.cli.show:queue_command",
     "fact": "streams.cli.show:fact_command",
+    "retry": "streams.cli.retry:retry_command",
     "replay": "streams.cli.replay:replay_command",
     "dlq": "streams.cli.dlq:dlq_group",
     "parked": "streams.cli.parked:parked_group",

@@ -89,6 +89,19 @@ class IngestClient:
             if db is not None:
                 await db.close()
 
+    @property
+    def deps(self) -> Deps:
+        """What the stages share, for other commands that act like ingest (retry)."""
+        if self._deps is None:
+            raise RuntimeError("IngestClient is not open")
+        return self._deps
+
+    @property
+    def publisher(self) -> KafkaPublisher:
+        if self._publisher is None:
+            raise RuntimeError("IngestClient is not open")
+        return self._publisher
+
     async def ingest(self, queue: str) -> Ingested:
         """Ingest ``queue``'s head. Raises what `streams.stages.ingest.ingest_head` raises."""
         if self._deps is None or self._publisher is None:

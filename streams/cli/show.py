@@ -7,7 +7,15 @@ from typing import Any
 
 import click
 
-from store import NotFound, ValidationFact
+from store import (
+    Build,
+    BuildStatus,
+    NotFound,
+    Queue,
+    Request,
+    RequestState,
+    ValidationFact,
+)
 from streams.cli.common import emit, json_option, open_db, run_async
 from streams.config.queues import Extensions, UnknownQueue, load_queues
 from streams.extensions.sourcecontrol import AmbiguousCommit, CommitNotFound
@@ -15,64 +23,117 @@ from streams.stages.deps import Deps
 from streams.web import gate, queries
 from streams.web.gate import GreenAnswer
 
+NOT_GREEN = 3  # `stovepipe fact`: the commit is not green, or not one the queue can name
+
 
 @click.command("request")
 @click.argument("request_id")
 @json_option
 def request_command(request_id: str, as_json: bool) -> None:
-    """Show a Request: state, strategy, builds and its fact."""
+    """Show a Request: its state and why, its attempts (builds), its own fact and, when
+    another Request of the commit answers for it now, the commit's answer."""
     try:
         queries.parse_request_path(request_id)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
 
-    async def run() -> dict[str, Any]:
+    async def run() -> queries.RequestDetail:
         db = await open_db()
         try:
             try:
-                detail = await queries.request_detail(db, request_id)
+                return await queries.request_detail(db, request_id)
             except NotFound:
                 raise click.ClickException(f"no request {request_id!r}") from None
-            return {"request": detail.request, "builds": detail.builds, "fact": detail.fact}
         finally:
             await db.close()
 
-    data = run_async(run)
-    r = data["request"]
-    lines = [f"{r.id}  {r.state}", f"  uri       {r.uri}",
+    detail = run_async(run)
+    r = detail.request
+    lines = [f"{r.id}  {state_text(r)}", f"  kind      {r.kind}", f"  uri       {r.uri}",
              f"  strategy  {r.build_strategy or '-'}" + (f" (base {r.base_uri})"
                                                           if r.base_uri else ""),
-             f"  updated   {r.updated_at.isoformat()}"]
-    lines += [f"  build     {b.id}  {b.status}" for b in data["builds"]]
-    fact = data["fact"]
-    lines.append(f"  fact      degree {fact.degree:g} ({'green' if fact.is_green else 'red'})"
-                 if fact else "  fact      none")
-    emit(as_json, data, lines)
+             f"  verdict   {r.verdict or 'none'}"]
+    if r.reason and not r.unvalidated:  # an unvalidated Request's reason is in its state
+        lines.append(f"  reason    {r.reason}")
+    lines.append(f"  attempts  {r.attempt}")
+    lines += [f"  attempt {b.attempt}  {b.id}  {_build_outcome(b)}" for b in detail.builds]
+    lines.append(f"  fact      {_fact_text(detail.fact)}")
+    answer = detail.commit_fact
+    if answer is not None and (detail.fact is None
+                               or answer.request_id != detail.fact.request_id):
+        lines.append(f"  answer    {_fact_text(answer)} (the commit's answer now)")
+    newest = detail.newest_for_commit
+    if newest is not None and newest.id != r.id:
+        lines.append(f"  newest    {newest.id}  {state_text(newest)}")
+    lines.append(f"  updated   {r.updated_at.isoformat()}")
+    emit(as_json, {"request": r, "builds": detail.builds, "fact": detail.fact,
+                   "commit_fact": answer, "newest_for_commit": newest,
+                   "green": detail.green}, lines)
+
+
+def state_text(request: Request) -> str:
+    """The state as a person reads it: a failure says which kind it was."""
+    if request.unvalidated:
+        return f"failed — {why_unvalidated(request.reason)}"
+    if request.state is RequestState.FAILED:
+        return "failed (red verdict)"
+    if request.state is RequestState.CANCELLED and request.reason:
+        return f"cancelled: {request.reason}"
+    return str(request.state)
+
+
+def why_unvalidated(reason: str) -> str:
+    """A failure without a verdict in words: `could not be validated: <why>` (the
+    pipeline's own reasons begin so already)."""
+    if reason.startswith("could not be validated"):
+        return reason
+    return f"could not be validated: {reason or 'no reason recorded'}"
+
+
+def _build_outcome(build: Build) -> str:
+    if build.verdict is not None:
+        return f"{build.status}  {build.verdict}"
+    if build.status is BuildStatus.FAILED:
+        return f"failed  could not validate: {build.reason or 'no reason recorded'}"
+    return f"{build.status}  {build.reason}".rstrip()
+
+
+def _fact_text(fact: ValidationFact | None) -> str:
+    if fact is None:
+        return "none"
+    colour = ("green (flaky)" if fact.flaky else "green") if fact.is_green else "red"
+    attempts = f", {fact.attempts} attempts" if fact.attempts > 1 else ""
+    return f"degree {fact.degree:g} ({colour}) by {fact.request_id}{attempts}"
 
 
 @click.command("queue")
 @click.argument("name")
 @json_option
 def queue_command(name: str, as_json: bool) -> None:
-    """Show a queue: last-green bookmark, in-flight builds, latest Request."""
+    """Show a queue: last-green bookmark, in-flight builds, latest Request and its state."""
 
-    async def run() -> Any:
+    async def run() -> tuple[Queue, Request | None]:
         db = await open_db()
         try:
-            return await db.queues.get(name)
-        except NotFound:
-            raise click.ClickException(
-                f"queue {name!r} has no state yet (nothing was ingested for it)") from None
+            try:
+                q = await db.queues.get(name)
+            except NotFound:
+                raise click.ClickException(
+                    f"queue {name!r} has no state yet (nothing was ingested for it)") from None
+            latest = None
+            if q.latest_request_id is not None:
+                latest = await db.requests.get(name, q.latest_request_id)
+            return q, latest
         finally:
             await db.close()
 
-    q = run_async(run)
-    emit(as_json, {"queue": q}, [
+    q, latest = run_async(run)
+    emit(as_json, {"queue": q, "latest_request": latest}, [
         f"{q.name}",
         f"  last green  {q.last_green_uri or '-'}"
         + (f"  ({q.last_green_request_id})" if q.last_green_request_id else ""),
         f"  in flight   {q.in_flight_count}",
-        f"  latest      {q.latest_request_id or '-'}",
+        f"  latest      {latest.id}  {state_text(latest)}" if latest else "  latest      -",
     ])
 
 
@@ -86,23 +147,35 @@ def queue_command(name: str, as_json: bool) -> None:
 def fact_command(queue: str, commit: str, queues_file: Path | None, as_json: bool) -> None:
     """Is COMMIT green on QUEUE? COMMIT is a full sha, a unique prefix of one, or the
     commit's URI. When it is not green, says its newest green ancestor and its oldest
-    green descendant. Exit status 0 when green, 3 when red or unknown (no fact means not
-    green), so a deploy gate can use it directly."""
-    queues = load_queues(queues_file)
+    green descendant.
 
-    async def run() -> GreenAnswer:
+    Exit status: 0 green; 3 not green — red, not validated, or a commit the queue cannot
+    name (the repository does not have it, or the prefix names several); 1 malformed
+    COMMIT, unknown QUEUE, or Stovepipe unreachable. A deploy gate can use it directly."""
+
+    async def run() -> tuple[GreenAnswer, Request | None] | dict[str, Any]:
+        queues = load_queues(queues_file)
         db = await open_db()
         try:
             deps = Deps(db=db, queues=queues, extensions=Extensions(queues, db))
+            uri = commit if gate.names_a_uri(commit) else None
             try:
                 uri = await gate.resolve_commit(deps, queue, commit)
-                return await gate.green_answer(deps, queue, uri)
-            except (CommitNotFound, AmbiguousCommit, UnknownQueue, ValueError) as exc:
+                answer = await gate.green_answer(deps, queue, uri)
+            except (CommitNotFound, AmbiguousCommit) as exc:
+                return {"uri": uri, "green": False, "fact": None, "known": False,
+                        "reason": str(exc)}
+            except (UnknownQueue, ValueError) as exc:
                 raise click.ClickException(str(exc)) from None
+            return answer, await db.requests.newest_for_commit(queue, answer.uri)
         finally:
             await db.close()
 
-    answer = run_async(run)
+    found = run_async(run)
+    if isinstance(found, dict):
+        emit(as_json, found, [f"{commit}: not green — {found['reason']}"])
+        raise SystemExit(NOT_GREEN)
+    answer, newest = found
     fact = answer.fact
     if fact is None:
         verdict = "no fact (not green)"
@@ -111,15 +184,30 @@ def fact_command(queue: str, commit: str, queues_file: Path | None, as_json: boo
                    f"by {fact.request_id} at {fact.created_at.isoformat()}")
     lines = [f"{answer.uri}: {verdict}"]
     if not answer.green:
+        lines += _newest_lines(newest, fact)
         lines += [f"  newest green ancestor   {_green_line(answer.prior_green)}",
                   f"  oldest green descendant {_green_line(answer.next_green)}"]
         if not answer.complete:
             lines.append(f"  (searched the {answer.searched} nearest green commits only)")
-    emit(as_json, {"uri": answer.uri, "fact": fact, "green": answer.green,
+    emit(as_json, {"uri": answer.uri, "fact": fact, "green": answer.green, "known": True,
                    "prior_green": answer.prior_green, "next_green": answer.next_green,
                    "complete": answer.complete}, lines)
     if not answer.green:
-        raise SystemExit(3)
+        raise SystemExit(NOT_GREEN)
+
+
+def _newest_lines(newest: Request | None, fact: ValidationFact | None) -> list[str]:
+    """What the commit's newest Request adds to its answer (the newest fact) when that
+    Request has no fact of its own: it could not validate, or it is still under way."""
+    if newest is None or (fact is not None and fact.request_id == newest.id):
+        return []
+    if newest.unvalidated:
+        return [f"  newest request {newest.id}: {why_unvalidated(newest.reason)}"]
+    if not newest.state.is_terminal:
+        _, validation = newest.order
+        again = " again" if fact is not None or validation > 1 else ""
+        return [f"  being validated{again} now by {newest.id} ({newest.state})"]
+    return [f"  newest request {newest.id}: {state_text(newest)}"]
 
 
 def _green_line(fact: ValidationFact | None) -> str:

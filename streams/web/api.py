@@ -3,10 +3,13 @@
 `mount()` adds these to the Faust worker's aiohttp web server (next to /metrics):
 
     POST /api/queues/{queue}/ingest      validate the queue's current head now
+    POST /api/queues/{queue}/retry       validate a commit again ({"commit": C}; no body:
+                                         the queue's newest head)
     GET  /api/queues                     every configured queue at a glance
     GET  /api/queues/{queue}             one queue: bookmark, promotion ref, slots, latest
     GET  /api/queues/{queue}/requests    its recent Requests, newest first (?limit=1..100)
-    GET  /api/requests/{request_id}      a Request, its builds and its commit's fact
+    GET  /api/requests/{request_id}      a Request, its builds (attempts), its own fact and
+                                         its commit's answer
     GET  /api/queues/{queue}/green?sha=S is this commit green, and if not, its newest green
                                          ancestor and its oldest green descendant
     GET  /api/facts?queue=Q&sha=S        is this commit green? (no fact: not green); the
@@ -15,20 +18,24 @@
     POST /webhooks/github                a GitHub push webhook (streams/web/webhooks.py)
     POST /webhooks/gitlab                a GitLab push webhook
     GET  /health                         200 when started and the database answers
-    GET  /  and  /dashboard              the dashboard page (streams/dashboard/)
+    GET  /  and  /dashboard              the dashboard page (streams/web/dashboard/)
 
 Queue names and request ids contain '/'. Both may be written as they are or URL-encoded
-(`/api/queues/team%2Fmain`); a queue whose name itself ends in `/requests`, `/green` or
-`/ingest` can only be named encoded.
+(`/api/queues/team%2Fmain`); a queue whose name itself ends in `/requests`, `/green`,
+`/ingest` or `/retry` can only be named encoded.
+
+A deploy gate always gets an answer it can read `.green` from: a commit the repository
+does not have is `"green": false, "known": false` with the reason (200), not an error.
 
 The webhooks are authenticated by their provider's signature or token, never by the
 bearer token (their answers are listed in streams/web/webhooks.py).
 
 Every error is JSON `{"error": message}`, never a traceback: 400 malformed input, 401
 missing or wrong bearer token (POST only, and only when a token is configured), 404
-unknown queue, request, commit or endpoint, 422 the queue's repository or ref does not
-exist, 502 a dependency refused for good, 503 the worker is starting or a dependency (database,
-Kafka, repository) is unavailable or too slow, 500 anything else (logged by the worker).
+unknown queue, request, commit or endpoint, 409 a green commit asked to be validated
+again (with its `fact`), 422 the queue's repository or ref does not exist, 502 a
+dependency refused for good, 503 the worker is starting or a dependency (database, Kafka,
+repository) is unavailable or too slow, 500 anything else (logged by the worker).
 """
 
 from __future__ import annotations
@@ -60,8 +67,10 @@ from streams.runtime.stage import Delivery
 from streams.runtime.worker import RuntimeService
 from streams.stages.deps import Deps
 from streams.stages.ingest import ingest_head
+from streams.stages.revalidate import AlreadyGreen, NeverIngested, validate_again
 from streams.web import gate, queries
 from streams.web.errors import ApiError
+from streams.web.params import commit_param, int_param, required_param, retry_commit
 from streams.web.webhooks import Webhooks
 
 log = logging.getLogger("stovepipe.http")
@@ -218,6 +227,25 @@ class Api:
         return _json({"queue": done.queue, "request_id": done.request_id, "new": done.new},
                      status=201 if done.new else 200)
 
+    async def retry(self, request: web.Request, queue: str) -> web.Response:
+        self._require_token(request)
+        commit = await retry_commit(request)
+        delivery = self._delivery()
+        try:
+            async with asyncio.timeout(INGEST_DEADLINE):
+                done = await validate_again(delivery.deps, queue, commit, delivery.publish)
+        except AlreadyGreen as exc:
+            return _json({"error": str(exc), "fact": exc.fact}, status=409)
+        except NeverIngested as exc:
+            raise ApiError(404, str(exc)) from None
+        except ValueError as exc:  # not a sha (or, its subclass, not a queue name)
+            raise ApiError(400, str(exc)) from None
+        log.info("http_retry queue=%s uri=%s request_id=%s new=%s previous_id=%s", queue,
+                 done.uri, done.request_id, done.new, done.previous_id)
+        return _json({"queue": done.queue, "uri": done.uri, "request_id": done.request_id,
+                      "new": done.new, "previous_id": done.previous_id},
+                     status=201 if done.new else 200)
+
     async def github_webhook(self, request: web.Request) -> web.Response:
         return await self.webhooks.github(request)  # signed, so no bearer token
 
@@ -238,7 +266,7 @@ class Api:
             return _json(await queries.queue_overview(deps, queue))
 
     async def queue_requests(self, request: web.Request, queue: str) -> web.Response:
-        limit = _int_param(request, "limit", DEFAULT_RECENT_LIMIT, 1,
+        limit = int_param(request, "limit", DEFAULT_RECENT_LIMIT, 1,
                            queries.MAX_RECENT_REQUESTS)
         validate_queue_name(queue)
         deps = self._delivery().deps
@@ -260,39 +288,51 @@ class Api:
             except NotFound:
                 raise ApiError(404, f"no request {request_id!r}") from None
         return _json({"request": detail.request, "builds": detail.builds,
-                      "fact": detail.fact, "green": detail.green})
+                      "fact": detail.fact, "commit_fact": detail.commit_fact,
+                      "newest_for_commit": detail.newest_for_commit,
+                      "green": detail.green})
 
     async def fact(self, request: web.Request) -> web.Response:
-        queue = _required_param(request, "queue")
-        by, commit = _commit_param(request)
+        queue = required_param(request, "queue")
+        by, commit = commit_param(request)
         validate_queue_name(queue)
         deps = self._delivery().deps
         body: dict[str, Any] = {"queue": queue, by: commit}
-        if by == "sha":
-            async with asyncio.timeout(READ_DEADLINE):
-                body["uri"] = uri = await _resolved(deps, queue, commit)
-        else:
-            uri = commit
+        if by == "uri":
             try:
                 deps.queue_config(queue)
             except UnknownQueue as exc:  # still not green, and say why
-                body["note"] = str(exc)
-        async with asyncio.timeout(READ_DEADLINE):
-            fact = await queries.fact_or_none(deps.db, queue, uri)
-        return _json({**body, "green": fact is not None and fact.is_green, "fact": fact})
+                return _json({**body, "green": False, "fact": None, "known": False,
+                              "reason": str(exc), "note": str(exc)})
+        try:
+            async with asyncio.timeout(GATE_DEADLINE):
+                uri = await _resolved(deps, queue, commit) if by == "sha" else commit
+                body["uri"] = uri
+                fact = await queries.fact_or_none(deps.db, queue, uri)
+                if fact is None:  # a fact proves the commit; without one, ask
+                    await deps.extensions.source_control(queue).commit_time(uri)
+        except CommitNotFound as exc:
+            return _json(_unknown_commit(body, exc))
+        return _json({**body, "green": fact is not None and fact.is_green, "fact": fact,
+                      "known": True})
 
     async def green(self, request: web.Request, queue: str) -> web.Response:
-        by, commit = _commit_param(request)
+        by, commit = commit_param(request)
         validate_queue_name(queue)
         deps = self._delivery().deps
-        async with asyncio.timeout(GATE_DEADLINE):
-            uri = await _resolved(deps, queue, commit)
-            answer = await gate.green_answer(deps, queue, uri)
-        return _json({"queue": queue, by: commit, "uri": answer.uri,
-                      "committed_at": answer.committed_at, "green": answer.green,
-                      "fact": answer.fact, "prior_green": answer.prior_green,
-                      "next_green": answer.next_green, "searched": answer.searched,
-                      "complete": answer.complete})
+        deps.queue_config(queue)
+        body: dict[str, Any] = {"queue": queue, by: commit}
+        try:
+            async with asyncio.timeout(GATE_DEADLINE):
+                uri = await _resolved(deps, queue, commit) if by == "sha" else commit
+                body["uri"] = uri
+                answer = await gate.green_answer(deps, queue, uri)
+        except CommitNotFound as exc:
+            return _json(_unknown_commit(body, exc))
+        return _json({**body, "uri": answer.uri, "committed_at": answer.committed_at,
+                      "green": answer.green, "known": True, "fact": answer.fact,
+                      "prior_green": answer.prior_green, "next_green": answer.next_green,
+                      "searched": answer.searched, "complete": answer.complete})
 
     async def dlq(self, request: web.Request) -> web.Response:
         report = await self.dead_letters.report()
@@ -340,24 +380,6 @@ class Api:
                                                       "Cache-Control": "no-cache"})
 
 
-def _required_param(request: web.Request, name: str) -> str:
-    value = request.query.get(name, "")
-    if not value:
-        raise ApiError(400, f"missing query parameter {name!r}, e.g. "
-                            f"/api/facts?queue=monorepo/main&sha=<commit sha>")
-    return value
-
-
-def _commit_param(request: web.Request) -> tuple[str, str]:
-    """("sha", value) or ("uri", value): the commit a gate asks about, named exactly one
-    way."""
-    given = [(name, request.query[name]) for name in ("sha", "uri") if request.query.get(name)]
-    if len(given) != 1:
-        raise ApiError(400, "name the commit with exactly one of the query parameters "
-                            "'sha' (a full sha or a unique prefix) and 'uri' (its commit URI)")
-    return given[0]
-
-
 async def _resolved(deps: Deps, queue: str, commit: str) -> str:
     """The URI of a sha or prefix on the queue; not a sha at all is a 400."""
     try:
@@ -366,22 +388,20 @@ async def _resolved(deps: Deps, queue: str, commit: str) -> str:
         raise ApiError(400, str(exc)) from None
 
 
-def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
-        raise ApiError(400, f"query parameter {name!r} must be an integer from {low} to "
-                            f"{high}, got {raw!r}")
-    return int(raw)
+def _unknown_commit(asked: dict[str, Any], exc: CommitNotFound) -> dict[str, Any]:
+    """A gate's answer about a commit the repository does not have: not green, and why
+    (a 200, so a gate reading `.green` needs no special case)."""
+    return {"uri": None, **asked, "green": False, "fact": None, "known": False,
+            "reason": str(exc)}
 
 
 # --- mounting ---------------------------------------------------------------------------
 
-# Registration order matters where patterns overlap: the `/ingest` and `/requests`
-# routes are tried before the plain queue route, whose name may contain '/'.
+# Registration order matters where patterns overlap: the `/ingest`, `/retry`, `/requests`
+# and `/green` routes are tried before the plain queue route, whose name may contain '/'.
 _ROUTES: tuple[tuple[str, str, str], ...] = (
     ("post", "/api/queues/{queue:.+}/ingest", "ingest"),
+    ("post", "/api/queues/{queue:.+}/retry", "retry"),
     ("get", "/api/queues/{queue:.+}/requests", "queue_requests"),
     ("get", "/api/queues/{queue:.+}/green", "green"),
     ("get", "/api/queues/{queue:.+}", "queue"),

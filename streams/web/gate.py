@@ -21,27 +21,15 @@ from typing import TYPE_CHECKING
 
 from store import NotFound, ValidationFact, request_seq
 from streams.extensions.sourcecontrol import CommitNotFound
+from streams.stages.commits import names_a_uri, resolve_commit
 from streams.web.queries import fact_or_none
+
+__all__ = ["SEARCH_LIMIT", "GreenAnswer", "green_answer", "names_a_uri", "resolve_commit"]
 
 if TYPE_CHECKING:  # the reads need no stage machinery, only its type
     from streams.stages.deps import Deps
 
 SEARCH_LIMIT = 100  # green facts examined in each direction
-
-
-def names_a_uri(commit: str) -> bool:
-    """Whether ``commit`` is a commit URI rather than a sha or a prefix of one."""
-    return "://" in commit or commit.startswith("git+")
-
-
-async def resolve_commit(deps: Deps, queue: str, commit: str) -> str:
-    """The URI of ``commit`` (a URI, a full sha or a unique sha prefix) on ``queue``.
-    Raises UnknownQueue, ValueError (not a sha), CommitNotFound, AmbiguousCommit, or the
-    source control's error when the repository cannot be read."""
-    deps.queue_config(queue)
-    if names_a_uri(commit):
-        return commit
-    return await deps.extensions.source_control(queue).commit_uri(commit)
 
 
 @dataclass(frozen=True)

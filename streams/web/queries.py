@@ -1,6 +1,6 @@
 """What callers outside the stages ask of the pipeline: the CLI, the HTTP API and the
 dashboard share these reads, so they all answer the same way. Every database read is a
-primary-key lookup; nothing scans a table.
+key lookup or a range of an index; nothing scans a table.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from store import (
     Queue,
     Request,
     ValidationFact,
-    make_request_id,
     parse_request_id,
 )
 from streams.config.names import validate_queue_name
@@ -67,35 +66,41 @@ async def fact_or_none(db: Database, queue: str, uri: str) -> ValidationFact | N
 @dataclass(frozen=True)
 class RequestDetail:
     request: Request
-    builds: list[Build]
-    fact: ValidationFact | None  # the fact about the request's commit, whoever wrote it
+    builds: list[Build]  # its attempts, by attempt number
+    fact: ValidationFact | None  # the Request's own fact; None: it recorded none
+    commit_fact: ValidationFact | None  # the commit's answer: its newest Request's fact
+    newest_for_commit: Request | None  # the commit's newest Request: this one or a later
 
     @property
     def green(self) -> bool:
-        return self.fact is not None and self.fact.is_green
+        """Whether the commit is green (whichever of its Requests said so)."""
+        return self.commit_fact is not None and self.commit_fact.is_green
 
 
 def parse_request_path(request_id: str) -> str:
-    """The queue of a `request/<queue>/<n>` id. ValueError (or its subclass
-    InvalidQueueName) naming the problem for anything else."""
+    """The queue of a `request/<queue>/<n>` or `request/<queue>/<n>.<k>` id. ValueError
+    (or its subclass InvalidQueueName) naming the problem for anything else."""
     queue, _ = parse_request_id(request_id)
     validate_queue_name(queue)
     return queue
 
 
 async def request_detail(db: Database, request_id: str) -> RequestDetail:
-    """The Request, its builds and its commit's fact. ValueError for a malformed id,
+    """The Request, its builds, its own fact, and its commit's answer and newest Request
+    (a commit validated again has several Requests). ValueError for a malformed id,
     NotFound for an unknown one."""
     queue = parse_request_path(request_id)
     request = await db.requests.get(queue, request_id)
     builds = await db.builds.list_for_request(queue, request_id)
-    return RequestDetail(request, builds, await fact_or_none(db, queue, request.uri))
+    own = await db.facts.of_request(queue, request_id)
+    return RequestDetail(request, builds, own, await fact_or_none(db, queue, request.uri),
+                         await db.requests.newest_for_commit(queue, request.uri))
 
 
 @dataclass(frozen=True)
 class RequestSummary:
     request: Request
-    fact: ValidationFact | None
+    fact: ValidationFact | None  # the Request's own fact
 
     @property
     def green(self) -> bool:
@@ -103,26 +108,18 @@ class RequestSummary:
 
 
 async def recent_requests(db: Database, queue: str, limit: int) -> list[RequestSummary]:
-    """The queue's last ``limit`` Requests by ingest order, newest first, each with its
-    commit's fact.
+    """The queue's last ``limit`` Requests, newest first, each with its own fact.
 
-    Request ids are `request/<queue>/<n>` for n = 1 .. the queue's counter, with no gaps
-    (a counter value is drawn in the transaction that creates its Request), so the newest
-    ones are found by primary key from the counter down. Ordering by the text id would put
-    `…/9` after `…/10`. The lookups run one after another on purpose: the worker's stages
-    share this pool, and a dashboard must not take many connections at once.
+    Newest is by (ingest order, validation): a commit validated again
+    (`request/<queue>/<n>.<k>`) sorts next to its first Request `…/<n>`, above it. One
+    indexed read finds them; the facts are then read one Request after another on
+    purpose: the worker's stages share this pool, and a dashboard must not take many
+    connections at once.
     """
     if not 1 <= limit <= MAX_RECENT_REQUESTS:
         raise ValueError(f"limit must be between 1 and {MAX_RECENT_REQUESTS}, got {limit}")
-    newest = await db.counters.current(queue)
-    found: list[RequestSummary] = []
-    for n in range(newest, max(newest - limit, 0), -1):
-        try:
-            request = await db.requests.get(queue, make_request_id(queue, n))
-        except NotFound:  # drawn by an ingest whose transaction is still open
-            continue
-        found.append(RequestSummary(request, await fact_or_none(db, queue, request.uri)))
-    return found
+    return [RequestSummary(request, await db.facts.of_request(queue, request.id))
+            for request in await db.requests.recent(queue, limit)]
 
 
 # --- queues -----------------------------------------------------------------------------
