@@ -1,5 +1,6 @@
-"""Long outages (design §6, "outages are not message failures"): the broker or PostgreSQL
-down for minutes — 10 by default — while builds run and Requests wait, then back.
+"""Long outages (design §6, "outages are not message failures"): the broker, PostgreSQL or
+the hosted CI down for minutes — 10 by default — while builds run and Requests wait, then
+back.
 
 On a throwaway stack of its own (free ports, its own STOVEPIPE_HOME; the shared local
 stack is never touched) it starts one worker with its HTTP API, puts work in flight on a
@@ -12,11 +13,22 @@ service was away, and the worker's outage retries.
 
     python bench/outage_bench.py --service kafka --minutes 10
     python bench/outage_bench.py --service postgres --minutes 10
+    python bench/outage_bench.py --service ci --minutes 10 [--poll 10]
+
+``--service ci``: queues on a Buildkite organization played by a local HTTP server that
+implements Buildkite's builds API (tests/hosted_ci.py), their builds running; the API then
+answers 503 for the first third of the outage, 429 with ``Retry-After: 20`` for the second
+and nothing at all (every request times out) for the last, while the builds finish (most
+pass, one fails). It prints every Request's outcome against its build's, how many API calls
+each build's poll loop made per minute during the outage (the healthy loop's rate is 60 /
+the poll delay), and how long after the API came back every Request was terminal.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -33,6 +45,7 @@ from psycopg.conninfo import make_conninfo
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from store.migrations import migrate
+from tests.hosted_ci import FakeBuildkite
 from tests.pipeline_support import Pipeline
 from tests.stack_support import ThrowawayStack, free_ports
 from tests.waiting import wait_until
@@ -61,8 +74,10 @@ def _metric(port: int, name: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--service", choices=["kafka", "postgres"], default="kafka")
+    parser.add_argument("--service", choices=["kafka", "postgres", "ci"], default="kafka")
     parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--poll", type=float, default=10.0,
+                        help="--service ci: the queues' poll_delay_running, seconds")
     args = parser.parse_args()
     outage = args.minutes * 60
 
@@ -80,6 +95,9 @@ def main() -> None:
         (root / "pipeline").mkdir()
         pipeline = Pipeline(bootstrap=stack.bootstrap, dsn=dsn, prefix="bench.",
                             root=root / "pipeline")
+        if args.service == "ci":
+            _ci_outage(pipeline, root, outage, args.poll)
+            return
         refs = {f"o{i}": pipeline.add_queue(f"o{i}", poll_deadline="1h")
                 for i in range(QUEUES)}
         port = free_ports(1)[0]
@@ -129,6 +147,100 @@ def main() -> None:
         pipeline.stop_workers()
     finally:
         stack.teardown()
+
+
+CI_TOKEN = "bkua_bench-T0KEN"
+CI_TOKEN_ENV = "STOVEPIPE_BENCH_BUILDKITE_TOKEN"
+CI_QUEUES = 6
+
+
+def _git(work: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=b", "-c", "user.email=b@b.invalid",
+                           "-c", "init.defaultBranch=main", "-C", str(work), *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _ci_outage(pipeline: Pipeline, root: Path, outage: float, poll: float) -> None:
+    """The hosted CI down for ``outage`` seconds while every queue's build runs."""
+    fake = FakeBuildkite(CI_TOKEN)
+    with fake.in_thread():
+        shas = {}
+        for n in range(CI_QUEUES):
+            work = root / f"repo{n}"
+            work.mkdir()
+            _git(work, "init", "-q")
+            (work / "app.txt").write_text(f"{n}\n")
+            _git(work, "add", "app.txt")
+            _git(work, "commit", "-q", "-m", f"c{n}")
+            shas[f"ci{n}"] = _git(work, "rev-parse", "HEAD")
+            pipeline.add_raw_queue(f"ci{n}", {
+                "source_control": {"kind": "git", "repository": str(work), "ref": "main"},
+                "build_runner": {"kind": "buildkite", "organization": "acme",
+                                 "pipeline": "monorepo", "token_env": CI_TOKEN_ENV,
+                                 "api_url": fake.url, "request_timeout": "5s"},
+                "poll_delay_queued": f"{poll:g}s", "poll_delay_running": f"{poll:g}s",
+                "poll_deadline": f"{outage + 3600:.0f}s"})
+        port = free_ports(1)[0]
+        pipeline.start_worker(web_port=port, env={CI_TOKEN_ENV: CI_TOKEN})
+        wait_until(lambda: _get(port, "/health")[0] == 200, timeout=120, what="the worker")
+        ids = {q: pipeline.ingest(q) for q in shas}
+
+        def number(sha: str) -> int:
+            builds = fake.builds_of(sha)
+            return int(builds[0]["number"]) if builds else 0
+
+        wait_until(lambda: all(number(s) for s in shas.values()), timeout=120,
+                   what="a build of every head")
+        numbers = {q: number(s) for q, s in shas.items()}
+        for n in numbers.values():
+            fake.set_state(n, "running")
+        wait_until(lambda: pipeline.query("SELECT count(*) FROM build WHERE status"
+                                          " = 'running'") == [(CI_QUEUES,)],
+                   timeout=120, what="every build seen running")
+        red = "ci0"
+        expected = {ids[q]: ("failed" if q == red else "succeeded") for q in shas}
+        print(f"the CI down for {outage / 60:g} min (503, then 429 Retry-After: 20, then "
+              f"timeouts), {CI_QUEUES} builds running, polled every {poll:g}s", flush=True)
+        phases = [("503", 503, {}, False), ("429", 429, {"Retry-After": "20"}, False),
+                  ("timeouts", 0, {}, True)]
+        began = time.time()
+        bounds = []
+        for i, (name, status, headers, hang) in enumerate(phases):
+            start = time.time()
+            fake.go_down(status or 503, headers=headers, hang=hang)
+            if i == 1:  # the builds end during the outage, unseen
+                for q, n in numbers.items():
+                    fake.set_state(n, "failed" if q == red else "passed")
+            threading.Event().wait(outage / len(phases))
+            bounds.append((name, start, time.time()))
+        ended = time.time()
+        fake.come_back()
+        back = time.monotonic()
+        pipeline.wait_quiet(timeout=900)
+        settled = time.monotonic() - back
+
+        polls = [(s.path.rsplit("/", 1)[1], s.at) for s in fake.requests("GET")
+                 if s.path.rsplit("/", 1)[1].isdigit()]
+        states = pipeline.states()
+        exact = {rid: (states.get(rid), want) for rid, want in expected.items()
+                 if states.get(rid) != want}
+        print(f"\nthe CI down {outage / 60:g} min:")
+        print(f"  every Request ended as its build: {exact or 'yes'} ({len(states)} Requests:"
+              f" {', '.join(f'{n} {s}' for s, n in _counts(states).items())}); dead "
+              f"letters {pipeline.dead_letters()}, parked "
+              f"{pipeline.query('SELECT count(*) FROM parked_message')[0][0]}")
+        healthy = 60 / poll
+        for name, start, stop in [("whole outage", began, ended), *bounds]:
+            minutes = (stop - start) / 60
+            per_build = [sum(1 for b, at in polls if b == str(n) and start <= at <= stop)
+                         / minutes for n in numbers.values()]
+            print(f"  API calls per build per minute, {name}: median "
+                  f"{statistics.median(per_build):.2f}, max {max(per_build):.2f} "
+                  f"(the healthy loop: {healthy:.1f})")
+        print(f"  every Request terminal {settled:.1f}s after the CI came back")
+        print(f"  builds triggered: {len(fake.requests('POST'))} (one per Request: "
+              f"{CI_QUEUES})")
+        pipeline.stop_workers()
 
 
 def _counts(states: dict[str, str]) -> dict[str, int]:

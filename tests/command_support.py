@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from store import Database
 from store.entities import BuildStatus, CommandBuild
+from store.worker_hosts import HEARTBEAT_GAP
 from streams.extensions.buildrunner import BuildReport
 from streams.extensions.buildrunner.command import CommandBuildRunner
 from streams.extensions.sourcecontrol.gitrepo import GIT_LOCATION_VARIABLES
@@ -97,11 +98,27 @@ class Builds:
         self._tending: list[asyncio.Task[None]] = []
 
     def tend_in_background(self, runner: CommandBuildRunner) -> asyncio.Task[None]:
-        """The worker's periodic tend of ``runner``'s host, faster, until `stop_tending`
-        (the host dies) or the end of the test."""
+        """The worker's periodic tend of ``runner``'s host (its own heartbeat, then the
+        runner's tend), faster, until `stop_tending` (the host dies) or the end of the
+        test."""
         async def start() -> asyncio.Task[None]:
             return asyncio.create_task(run_periodically(
-                PeriodicTask("tend", TEND_INTERVAL, _tend_of(runner)), None, _no_publish))
+                PeriodicTask("tend", TEND_INTERVAL, _tend_of(runner, self.db)), None,
+                _no_publish))
+
+        task = self.run(start())
+        self._tending.append(task)
+        return task
+
+    def alive_in_background(self, host: str) -> asyncio.Task[None]:
+        """A host whose worker runs (and heartbeats) but owns no build of the test: the
+        host that judges another lost."""
+        async def heartbeat(deps: Any, publish: Any) -> None:
+            await self.db.worker_hosts.heartbeat(host, HEARTBEAT_GAP)
+
+        async def start() -> asyncio.Task[None]:
+            return asyncio.create_task(run_periodically(
+                PeriodicTask("alive", TEND_INTERVAL, heartbeat), None, _no_publish))
 
         task = self.run(start())
         self._tending.append(task)
@@ -175,10 +192,13 @@ class Builds:
 TEND_INTERVAL = 0.1  # a test's tend is 20 times as frequent as a worker's
 
 
-def _tend_of(runner: CommandBuildRunner) -> Callable[[Any, Any], Coroutine[Any, Any, None]]:
-    """The runner's tend as the worker runs it: a periodic task (`run_periodically`)."""
+def _tend_of(runner: CommandBuildRunner,
+             db: Database) -> Callable[[Any, Any], Coroutine[Any, Any, None]]:
+    """The runner's tend as the worker runs it: a periodic task (`run_periodically`) that
+    first renews the host's own heartbeat (`streams.stages.pipeline.tend_build_runners`)."""
 
     async def tend(deps: Any, publish: Any) -> None:
+        await db.worker_hosts.heartbeat(runner.host, HEARTBEAT_GAP)
         await runner.tend()
 
     return tend

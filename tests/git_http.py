@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +33,8 @@ class GitHttpServer:
         self.root, self.user, self.password = root, user, password
         self.requests = 0
         self.refused = 0
+        self.delay = 0.0  # seconds each answer is held back: a slow git host
+        self.down = False  # answer every request 503: the git host's outage
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,6 +48,14 @@ class GitHttpServer:
                 pass
 
             def _serve(self) -> None:
+                if server.delay:
+                    time.sleep(server.delay)  # this request's own thread
+                if server.down:
+                    self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 expected = base64.b64encode(
                     f"{server.user}:{server.password}".encode()).decode()
                 length = int(self.headers.get("Content-Length") or 0)

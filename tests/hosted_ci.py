@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -62,6 +63,7 @@ class Seen:
     query: dict[str, str]
     body: Any
     authorization: str
+    at: float = 0.0  # epoch seconds when it arrived
 
 
 def _now_iso() -> str:
@@ -93,6 +95,27 @@ class FakeApi:
                   times: int = 1) -> None:
         with self.lock:
             self.faults.append(Fault(hang=True, method=method, path=path, times=times))
+
+    def go_down(self, status: int = 503, *, headers: dict[str, str] | None = None,
+                hang: bool = False) -> None:
+        """An outage: every request from now on is answered ``status`` (or hangs until
+        `come_back`), until `come_back`."""
+        with self.lock:
+            self.faults = [Fault(status, dict(headers or {}), None, hang, None, None,
+                                 times=10 ** 9)]
+        if not hang and self._release is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._release.set)  # hanging ones answer
+            self._loop.call_soon_threadsafe(self._rearm)
+
+    def come_back(self) -> None:
+        with self.lock:
+            self.faults = []
+        if self._release is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._release.set)
+            self._loop.call_soon_threadsafe(self._rearm)
+
+    def _rearm(self) -> None:
+        self._release = asyncio.Event()
 
     def requests(self, method: str | None = None, path: str | None = None) -> list[Seen]:
         with self.lock:
@@ -157,7 +180,7 @@ class FakeApi:
             body = raw.decode("utf-8", "replace")
         with self.lock:
             self.seen.append(Seen(request.method, request.path, dict(request.query), body,
-                                  request.headers.get("Authorization", "")))
+                                  request.headers.get("Authorization", ""), time.time()))
             fault = next((f for f in self.faults if f.matches(request)), None)
             if fault is not None:
                 fault.times -= 1
@@ -166,7 +189,8 @@ class FakeApi:
         if fault is not None:
             if fault.hang:
                 assert self._release is not None
-                await self._release.wait()
+                release = self._release
+                await release.wait()
                 return web.json_response({"message": "released"}, status=504)
             if fault.body is None:
                 return web.json_response({"message": f"injected {fault.status}"},

@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 
 from contract import marshal
 from store.entities import BuildStatus
+from streams.config.queues import RetrySpec
 from streams.extensions.buildrunner import BuildReport, BuildRunnerError
 from streams.extensions.sourcecontrol import (
     CommitNotFound,
@@ -322,6 +323,8 @@ class Knobs:
     poll_delay_queued: timedelta = timedelta(seconds=5)
     poll_delay_running: timedelta = timedelta(seconds=1)
     poll_deadline: timedelta = timedelta(days=1)
+    trigger_deadline: timedelta = timedelta(hours=1)
+    retry: RetrySpec = field(default_factory=RetrySpec)
     status_channels: tuple[str, ...] = ()  # the model's queues notify nothing
     alert_channels: tuple[str, ...] = ()
 

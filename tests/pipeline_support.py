@@ -89,6 +89,27 @@ class Pipeline:
         latches.mkdir(exist_ok=True)
         (latches / latch).touch()
 
+    def set_ci_reachable(self, reachable: bool, *, retry_after: float | None = None) -> None:
+        """An outage of the fake build runner's CI, for every worker: while unreachable,
+        trigger, status and cancel fail retryably (asking for ``retry_after`` seconds)."""
+        down = self.cancel_dir / "down"
+        if reachable:
+            down.unlink(missing_ok=True)
+        else:
+            down.write_text(f"{retry_after:g}" if retry_after is not None else "")
+
+    def outage_calls(self) -> list[tuple[str, str, float]]:
+        """(call, build id or trigger key, epoch s) of every call made to the fake CI
+        while it was unreachable."""
+        log = self.cancel_dir / "outage_calls.log"
+        if not log.exists():
+            return []
+        calls = []
+        for line in log.read_text().splitlines():
+            call, subject, at = line.split(" ")
+            calls.append((call, subject, float(at)))
+        return calls
+
     def cancelled_builds(self) -> set[str]:
         """The build ids the fake runner was asked to cancel."""
         log = self.cancel_dir / "cancelled.log"
@@ -196,39 +217,43 @@ class Pipeline:
                    interval=0.2)
 
     def missing_facts(self) -> list[str]:
-        """Requests whose outcome a build decided (succeeded, or failed by a build that
-        failed) but whose fact record has not written yet: record runs after the Request
-        turns terminal, so a test waits for these before it judges outcomes. (A fact is
-        per commit, first one wins: a Request validating a commit again finds its fact.)"""
+        """Requests whose verdict a build gave (succeeded, or failed red) but whose fact
+        record has not written yet: record runs after the Request turns terminal, so a test
+        waits for these before it judges outcomes."""
         return [rid for (rid,) in self.query(
-            "SELECT r.id FROM request r WHERE r.state IN ('succeeded', 'failed')"
-            " AND EXISTS (SELECT 1 FROM build b WHERE b.queue = r.queue"
-            "             AND b.request_id = r.id AND b.status IN ('succeeded', 'failed'))"
+            "SELECT r.id FROM request r WHERE r.verdict IS NOT NULL"
             " AND NOT EXISTS (SELECT 1 FROM validation_fact f"
-            "                 WHERE f.queue = r.queue AND f.uri = r.uri)")]
+            "                 WHERE f.queue = r.queue AND f.request_id = r.id)")]
 
     def invariant_violations(self, *, strict_bookmark: bool = False) -> list[str]:
         """Design §4's invariants at a quiet point; [] when all hold."""
+        from store import request_order
+
         problems: list[str] = []
         queues = self.query("SELECT name, in_flight_count, last_green_uri, "
                             "last_green_request_id FROM queue")
         processing: dict[str, int] = defaultdict(int)
         for (queue,) in self.query("SELECT queue FROM request WHERE state = 'processing'"):
             processing[queue] += 1
-        facts = {(q, u): (d, r) for q, u, d, r in self.query(
+        facts = {r: (q, u, d) for q, u, d, r in self.query(
             "SELECT queue, uri, degree, request_id FROM validation_fact WHERE project = ''")}
         states = dict(self.query("SELECT id, state FROM request"))
+        greens_per_commit: dict[tuple[str, str], int] = defaultdict(int)
+        for q, u, d in facts.values():
+            greens_per_commit[(q, u)] += d == 0
+        problems += [f"{q}: {u} has {n} green facts"
+                     for (q, u), n in greens_per_commit.items() if n > 1]
         for name, in_flight, green_uri, green_id in queues:
             if in_flight != processing[name]:
                 problems.append(f"{name}: in_flight_count {in_flight} but "
                                 f"{processing[name]} processing")
             if green_id is not None:
-                fact = facts.get((name, green_uri))
-                if fact is None or fact[0] != 0 or fact[1] != green_id:
+                fact = facts.get(green_id)
+                if fact is None or fact[2] != 0 or fact[1] != green_uri:
                     problems.append(f"{name}: bookmark {green_id} names no green fact")
-            greens = [r for (q, _), (d, r) in facts.items() if q == name and d == 0]
+            greens = [r for r, (q, _, d) in facts.items() if q == name and d == 0]
             if strict_bookmark and greens:
-                newest = max(greens, key=lambda r: int(r.rsplit("/", 1)[1]))
+                newest = max(greens, key=request_order)
                 if green_id != newest:
                     problems.append(f"{name}: bookmark {green_id}, newest green {newest}")
             sc = self.queues.get(name, {}).get("source_control", {})
@@ -238,7 +263,7 @@ class Pipeline:
                 if promoted != expected:
                     problems.append(f"{name}: promotion ref at {promoted}, bookmark at "
                                     f"{expected}")
-        for (q, uri), (degree, rid) in facts.items():
+        for rid, (q, uri, degree) in facts.items():
             if states.get(rid) not in ("succeeded", "failed"):
                 problems.append(f"fact for {q} {uri} by {rid} in state {states.get(rid)}")
             if (degree == 0) != (states.get(rid) == "succeeded"):

@@ -7,12 +7,14 @@ STOVEPIPE_HOME), all on one real database, running real processes."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from store.entities import BuildStatus
+from store.worker_hosts import HEARTBEAT_GAP
 from streams.extensions.buildrunner.local_builds import LOG_TAIL_BYTES
 from tests.command_support import HOST_A, HOST_B, Builds, Repo, dead, gate
 from tests.waiting import wait_until
@@ -96,6 +98,7 @@ def test_a_host_that_stops_heartbeating_is_failed_within_the_bound_and_never_gre
     hanging = f"sleep 60 & echo $! > {out}/child; wait"
     a1, a2 = builds.runner(finishing), builds.runner(hanging)
     b = builds.runner(finishing, host=HOST_B, host_timeout=host_timeout)
+    builds.alive_in_background(HOST_B)  # host B's worker runs: it may judge host A
     first, second = builds.trigger(a1, repo.uri(3)), builds.trigger(a2, repo.uri(2))
     tending = builds.tend_in_background(a1)  # one work_dir: it tends both builds
     wait_until((out / "child").exists, timeout=20, what="the second build's child")
@@ -115,6 +118,8 @@ def test_a_host_that_stops_heartbeating_is_failed_within_the_bound_and_never_gre
         result = builds.wait_for(b, build_id, lambda s: s.is_terminal,
                                  "to be failed for its silent host", timeout=host_timeout + 20)
         assert (result.status, result.metadata["reason"]) == (BuildStatus.FAILED, "host_lost")
+        # a lost build gives no verdict: its attempt could not validate the commit
+        assert result.unvalidated.startswith("its host was lost: host ")
         assert result.metadata["detail"].startswith(
             f"host {HOST_A} stopped heartbeating (last seen ")
         row = builds.row(build_id)
@@ -181,3 +186,37 @@ async def _delete_row(builds: Builds, build_id: str) -> int:
                                     (build_id,))
         return cursor.rowcount
 
+
+
+def test_a_database_outage_is_no_evidence_that_a_host_died(builds: Builds, repo: Repo,
+                                                           out: Path) -> None:
+    """Every host's heartbeats stop while the database is away (here: every host's tend
+    stops at once, for longer than host_timeout). When it is back, the first host to poll
+    sees an old heartbeat — and does not declare the owner lost: it has not itself reached
+    the database for host_timeout yet, and by then the owner heartbeats again. The build
+    ends green."""
+    host_timeout = 2.0
+    command = f"{gate(out, 'release')}; exit 0"
+    a = builds.runner(command)
+    b = builds.runner(command, host=HOST_B, host_timeout=host_timeout)
+    first = builds.trigger(a, repo.uri(3))
+    tending_a = builds.tend_in_background(a)
+    alive_b = builds.alive_in_background(HOST_B)
+    builds.wait_for(b, first, lambda s: s is BuildStatus.RUNNING, "to run")
+
+    builds.stop_tending(tending_a)  # the database goes away: nobody heartbeats
+    builds.stop_tending(alive_b)
+    # (longer than a gap a host's own heartbeats may have without it starting afresh)
+    wait_until(lambda: builds.row(first).heartbeat_age > HEARTBEAT_GAP + 2, timeout=30,
+               what="the owner's heartbeat to be older than host_timeout")
+    # back: host B is first, and polls before the owner has heartbeaten again
+    builds.alive_in_background(HOST_B)
+    assert builds.status(b, first) is BuildStatus.RUNNING  # not declared lost
+    builds.tend_in_background(a)
+    deadline = time.monotonic() + host_timeout * 2
+    while time.monotonic() < deadline:
+        assert builds.status(b, first) is BuildStatus.RUNNING
+    assert builds.row(first).heartbeat_age < 1  # the owner heartbeats again
+    (out / "release").touch()
+    result = builds.finished(b, first)
+    assert (result.status, result.metadata["reason"]) == (BuildStatus.SUCCEEDED, "exit_code")

@@ -81,10 +81,15 @@ def test_unknown_key_is_a_value_error() -> None:
 field_text = st.text()
 
 
+def _is_text(field: Any) -> bool:
+    return bool(field.type == field.TYPE_STRING)
+
+
 @st.composite
 def payloads(draw: st.DrawFn) -> Message:
     cls = draw(st.sampled_from(PAYLOAD_TYPES))
-    values = {f.name: draw(field_text) for f in cls.DESCRIPTOR.fields}
+    values = {f.name: draw(field_text if _is_text(f) else st.integers(0, 2**32 - 1))
+              for f in cls.DESCRIPTOR.fields}
     return cls(**values)
 
 
@@ -101,7 +106,7 @@ def test_every_payload_round_trips(msg: Message) -> None:
 def test_wire_uses_proto_names_and_omits_defaults(msg: Message) -> None:
     obj = json.loads(marshal(msg))
     expected = {f.name: getattr(msg, f.name) for f in msg.DESCRIPTOR.fields
-                if getattr(msg, f.name) != ""}
+                if getattr(msg, f.name) not in ("", 0)}
     assert obj == expected
 
 
@@ -167,10 +172,16 @@ def test_arbitrary_json_raises_only_malformed_payload(value: Any, cls: type[Mess
 def test_wrong_field_types_are_malformed(cls: type[Message], data: st.DataObject) -> None:
     field = data.draw(st.sampled_from(tuple(cls.DESCRIPTOR.fields)))
     name = data.draw(st.sampled_from([field.name, field.json_name]))
-    bad = data.draw(
-        st.booleans() | st.integers() | st.floats(allow_nan=False)
-        | st.lists(st.text(), max_size=2) | st.dictionaries(st.text(), st.text(), max_size=2)
-    )
+    containers = st.lists(st.text(), max_size=2) | st.dictionaries(st.text(), st.text(),
+                                                                  max_size=2)
+    if _is_text(field):
+        bad = data.draw(st.booleans() | st.integers() | st.floats(allow_nan=False)
+                        | containers)
+    else:  # a number field: not a number, negative, fractional, or too large
+        bad = data.draw(st.booleans() | containers | st.integers(max_value=-1)
+                        | st.integers(min_value=2**32)
+                        | st.floats(0.01, 0.99) | st.text().filter(
+                            lambda t: not t.strip().lstrip("+-").isdigit()))
     with pytest.raises(MalformedPayload):
         unmarshal(json.dumps({name: bad}).encode(), cls)
 

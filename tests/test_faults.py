@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import threading
 import time
 import urllib.error
@@ -177,6 +178,64 @@ def test_the_database_killed_mid_run(stack: ThrowawayStack, pipeline: Pipeline) 
           f"{outage_log} bytes during the outage")
     assert elapsed <= _bound(pipeline)
     assert outage_log < 200_000
+
+
+def _git(work: Path, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t.invalid",
+                           "-c", "init.defaultBranch=main", "-C", str(work), *args],
+                          env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_a_database_outage_longer_than_host_timeout_fails_no_command_build(
+        stack: ThrowawayStack, pipeline: Pipeline, tmp_path: Path) -> None:
+    """Two workers with homes and host ids of their own run six command builds; PostgreSQL
+    is killed for longer than host_timeout (twice over) and started again; then every
+    build is let finish green. No host may take the silence the outage imposed on every
+    heartbeat for another host's death (issue 16, item 6): every build finishes where it
+    ran, every Request succeeds on its first attempt, and no fact is red."""
+    release = tmp_path / "release"
+    command = f'while [ ! -e "{release}" ]; do sleep 0.2; done; echo done'
+    for n in range(6):
+        work = tmp_path / f"repo{n}"
+        work.mkdir()
+        _git(work, "init", "-q")
+        (work / "app.txt").write_text(f"{n}\n")
+        _git(work, "add", "app.txt")
+        _git(work, "commit", "-q", "-m", f"c{n}")
+        pipeline.add_raw_queue(f"h{n}", {
+            "source_control": {"kind": "git", "repository": str(work), "ref": "main"},
+            "build_runner": {"kind": "command", "command": command, "host_timeout": "10s"},
+            "gate_delay": "200ms", "poll_delay_queued": "200ms",
+            "poll_delay_running": "200ms", "poll_deadline": "10m"})
+    for host in ("host-a", "host-b"):
+        pipeline.start_worker(env={"STOVEPIPE_HOME": str(tmp_path / f"home-{host}"),
+                                   "STOVEPIPE_HOST_ID": host})
+    ids = [pipeline.ingest(f"h{n}") for n in range(6)]
+    wait_until(lambda: pipeline.query("SELECT count(*) FROM command_build"
+                                      " WHERE status = 'running'") == [(6,)],
+               timeout=180, what="six builds running")
+
+    stack.kill_postgres()
+    _outage(25.0)  # longer than host_timeout (10 s), twice over
+    stack.up()
+    # a while for any host to have judged another (wrongly), then the builds end
+    wait_until(lambda: all(p.poll() is None for p in pipeline.workers), timeout=5,
+               what="both workers alive")
+    threading.Event().wait(15.0)
+    release.touch()
+    pipeline.wait_quiet(timeout=180)
+
+    assert pipeline.states() == dict.fromkeys(ids, "succeeded")
+    assert pipeline.query("SELECT status, reason, count(*) FROM command_build"
+                          " GROUP BY status, reason") == [("succeeded", "exit_code", 6)]
+    assert pipeline.query("SELECT max(attempt) FROM build") == [(1,)]
+    assert pipeline.query("SELECT count(*) FROM validation_fact WHERE degree <> 0") == [(0,)]
+    assert "command_build_host_lost" not in pipeline.full_logs()
+    _assert_recovered(pipeline)
+    hosts = {h for (h,) in pipeline.query("SELECT DISTINCT host FROM command_build")}
+    print(f"PostgreSQL killed for 25s under 6 command builds on {len(hosts)} host(s) with "
+          f"host_timeout 10s: none declared lost, all green on their first attempt")
 
 
 def test_a_worker_sigkilled_three_times(pipeline: Pipeline) -> None:

@@ -82,7 +82,7 @@ def _run(tmp_path: Path, dsn: str, names: list[str],
 
 def _alert(event: str, queue: str, request: Request, previous: str | None) -> dict[str, Any]:
     return {"kind": "alert", "event": event, "queue": queue, "request_id": request.id,
-            "uri": request.uri, "previous": previous}
+            "uri": request.uri, "previous": previous, "flaky": False, "attempts": 1}
 
 
 def test_greenness_transitions_alert_once_each(migrated_dsn: str, tmp_path: Path) -> None:

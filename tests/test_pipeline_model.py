@@ -29,8 +29,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from contract import BuildSignal, marshal, payload_type, unmarshal
-from store import BuildStatus, Database, NotFound, RequestState, request_seq
-from streams.runtime import Hold, NonRetryable, Retryable
+from store import BuildStatus, Database, NotFound, RequestState, request_order, request_seq
+from streams.config.queues import RetrySpec
+from streams.runtime import Hold, NonRetryable, Retryable, Wait
 from streams.runtime import headers as h
 from streams.runtime.classify import outcome_of_exception
 from streams.runtime.policy import Commit, DeadLetter, ParkMessage, Redeliver, Retry, decide
@@ -111,7 +112,11 @@ class Model:
         self.queues: dict[str, QueueModel] = {}
         for i in range(data.draw(st.integers(1, 2), label="queues")):
             name = f"m{token}/q{i}"
-            knobs = Knobs(max_concurrent=data.draw(st.integers(1, 2), label="max_concurrent"))
+            retry = RetrySpec(unvalidated=data.draw(st.integers(0, 2), label="unvalidated"),
+                              red=data.draw(st.integers(0, 1), label="red"),
+                              backoff=timedelta(milliseconds=1))
+            knobs = Knobs(max_concurrent=data.draw(st.integers(1, 2), label="max_concurrent"),
+                          retry=retry)
             repo = MemoryRepo(name, forget_orphans=data.draw(st.booleans(), label="forget"))
             repo.on_promote = self._check_promotion
             self.queues[name] = QueueModel(name, knobs, repo,
@@ -126,7 +131,7 @@ class Model:
                 {q.name: q.repo for q in self.queues.values()},
                 {q.name: q.runner for q in self.queues.values()}),
         )
-        self.facts: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+        self.facts: dict[tuple[str, str, str], tuple[Any, ...]] = {}  # (queue, request, project)
         self.request_seen: dict[str, tuple[RequestState, Any, Any]] = {}
         self.build_terminal: dict[str, BuildStatus] = {}
         self.queue_rows: dict[str, tuple[Any, ...]] = {}
@@ -196,11 +201,17 @@ class Model:
         known = queue.ids_by_uri.setdefault(head, request_id)
         if known != request_id:
             # only a head whose Request was superseded (never built) gets a new Request,
-            # and only a newer one: the branch came back to it and it must be validated
+            # and only a newer one: the branch came back to it and it must be validated;
+            # and a head whose Request could not validate it (failed without a verdict)
+            # is validated again, where it was first ingested (design §4)
             old = await self.deps.db.requests.get_by_id(known)
-            assert old.state.value == "superseded", (
-                f"head {head} was {known} ({old.state}), now {request_id}")
-            assert int(request_id.rsplit("/", 1)[1]) > int(known.rsplit("/", 1)[1])
+            if old.state is RequestState.SUPERSEDED:
+                assert request_seq(request_id) > request_seq(known)
+            else:
+                assert old.unvalidated, (
+                    f"head {head} was {known} ({old.state}), now {request_id}")
+                assert request_seq(request_id) == request_seq(known)
+                assert request_order(request_id) > request_order(known)
             queue.ids_by_uri[head] = request_id
 
     async def step_build(self) -> None:
@@ -319,8 +330,8 @@ class Model:
         match action:
             case Commit():
                 pass
-            case Redeliver(attempt=attempt) if isinstance(outcome, Hold):
-                # a hold is a new turn, carrying the payload the handler gave it
+            case Redeliver(attempt=attempt) if isinstance(outcome, Hold | Wait):
+                # a hold (or a wait) is a new turn, carrying the payload the handler gave it
                 value = marshal(outcome.payload) if outcome.payload is not None else msg.value
                 self.bus.add(msg.key, value, attempt)
             case Redeliver(attempt=attempt):
@@ -334,6 +345,10 @@ class Model:
 
     def _check_hold(self, msg: Pending, payload: Any, hold: Hold) -> None:
         knobs = self.queues[payload.queue_name].knobs
+        if msg.key == "build":  # a re-attempt's backoff
+            assert 0 < hold.delay <= knobs.retry.backoff.total_seconds() * 4, \
+                f"build held for {hold.delay}s"
+            return
         allowed = {"process": [knobs.gate_delay],
                    "buildsignal": [knobs.poll_delay_queued, knobs.poll_delay_running]}
         assert hold.delay in [d.total_seconds() for d in allowed.get(msg.key, [])], \
@@ -393,17 +408,18 @@ class Model:
             "SELECT name, last_green_uri, last_green_request_id, in_flight_count,"
             " latest_request_id FROM queue WHERE name = ANY(%s)")}
         requests = {r[1]: r for r in await self._rows(
-            "SELECT queue, id, uri, state, build_strategy, base_uri FROM request"
-            " WHERE queue = ANY(%s)")}
-        facts = {(r[0], r[1], r[2]): r for r in await self._rows(
+            "SELECT queue, id, uri, state, build_strategy, base_uri, verdict, attempt"
+            " FROM request WHERE queue = ANY(%s)")}
+        facts = {(r[0], r[4], r[2]): r for r in await self._rows(
             "SELECT queue, uri, project, degree, request_id, created_at FROM validation_fact"
             " WHERE queue = ANY(%s)")}
+        green_of = {(r[0], r[1]): r for r in facts.values() if r[3] == 0}
         builds = {r[1]: r for r in await self._rows(
             "SELECT queue, id, request_id, status FROM build WHERE queue = ANY(%s)")}
 
         # requests: legal transitions only; strategy and base immutable once set; only the
         # latest Request is admitted, only older ones are superseded (design §5 process)
-        for rid, (_q, _, _uri, state, strategy, base) in requests.items():
+        for rid, (_q, _, _uri, state, strategy, base, _verdict, _attempt) in requests.items():
             state = RequestState(state)
             latest = queues[_q][4]
             before = self.request_seen.get(rid)
@@ -414,19 +430,20 @@ class Model:
                     assert rid == latest, f"{rid} admitted while {latest} is the latest"
                     self._check_strategy(rid, _uri, strategy, base)
                 if state is RequestState.SUPERSEDED:
-                    assert request_seq(rid) < request_seq(latest), \
+                    assert request_order(rid) < request_order(latest), \
                         f"{rid} superseded, but the latest is {latest}"
             if before is not None and before[1] is not None:
                 assert (strategy, base) == before[1:], f"{rid}: strategy/base changed"
             if base is not None:
-                base_fact = facts.get((_q, base, ""))
+                base_fact = green_of.get((_q, base))
                 assert base_fact is not None and base_fact[3] == 0, \
                     f"{rid}: incremental from {base}, which is not green"
             self.request_seen[rid] = (state, strategy, base)
 
         self.queue_rows = queues
 
-        # 3. facts: never updated nor deleted, one per (queue, uri, project)
+        # 3. facts: never updated nor deleted, one per (queue, request, project), and a
+        # commit has at most one green fact
         for key, row in facts.items():
             first = self.facts.setdefault(key, row)
             assert first == row, f"3: fact {key} changed from {first} to {row}"
@@ -454,13 +471,18 @@ class Model:
                     and fake.cancel_calls), \
                     f"build {bid} stored {status}, the runner reported {fake.reported}"
 
-        # 7. never green without a green build; facts agree with their Request
-        for (_q, uri, _), (_, _, _, degree, rid, _) in facts.items():
+        greens = Counter((r[0], r[1]) for r in facts.values() if r[3] == 0)
+        assert all(n == 1 for n in greens.values()), f"3: a commit with two green facts {greens}"
+
+        # 7. never green without a green build; facts agree with their Request, and only
+        # a verdict has one (a Request that could not be validated has none)
+        for (_q, rid, _), (_, uri, _, degree, _, _) in facts.items():
             request = requests[rid]
             assert request[2] == uri, f"fact {uri} names {rid}, which validates {request[2]}"
             state = RequestState(request[3])
             assert OUTCOME_OF_REQUEST.get(state) == degree, \
                 f"7: fact {uri} degree {degree}, but {rid} is {state}"
+            assert request[6] is not None, f"7: fact {uri} of {rid}, which has no verdict"
         for rid, request in requests.items():
             if RequestState(request[3]) is RequestState.SUCCEEDED:
                 runner = self.queues[request[0]].runner
@@ -488,13 +510,13 @@ class Model:
                 f"4: {name} bookmark went back from seq {queue.bookmark_seq} to {lg_id}"
             queue.bookmark_seq = seq
             if lg_id is not None:
-                fact = facts.get((name, lg_uri, ""))
+                fact = facts.get((name, lg_id, ""))
                 assert fact is not None and fact[3] == 0 and fact[4] == lg_id, \
                     f"4: {name} bookmark {lg_uri} {lg_id} names no green fact of it: {fact}"
             # 5. the promotion ref: a green commit no newer than the bookmark
             promoted = queue.repo.promoted
             if promoted is not None:
-                fact = facts.get((name, promoted, ""))
+                fact = green_of.get((name, promoted))
                 assert fact is not None and fact[3] == 0, f"5: {name} promoted {promoted}"
                 assert request_seq(fact[4]) <= seq, \
                     f"5: {name} promoted {promoted} ({fact[4]}) ahead of bookmark {lg_id}"
@@ -508,9 +530,9 @@ class Model:
                 assert not open_, f"6: {name} has non-terminal requests {open_}"
                 greens = [f for f in facts.values() if f[0] == name and f[3] == 0]
                 for r in mine:
-                    if RequestState(r[3]) is RequestState.SUCCEEDED:
-                        assert (name, r[2], "") in facts, f"{r[1]} succeeded with no fact"
-                newest = max(greens, key=lambda f: request_seq(f[4]), default=None)
+                    if r[6] is not None:
+                        assert (name, r[1], "") in facts, f"{r[1]} has a verdict, no fact"
+                newest = max(greens, key=lambda f: request_order(f[4]), default=None)
                 assert (newest[4] if newest else None) == lg_id, \
                     f"4: {name} bookmark {lg_id}, newest green fact {newest}"
                 if lg_uri is not None and queue.repo.on_ref(lg_uri):
