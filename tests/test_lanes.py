@@ -35,7 +35,8 @@ class Observed:
     overlaps: list[str] = field(default_factory=list)
 
 
-def _lanes(observed: Observed, limit: int, fail: frozenset[int] = frozenset()) -> Lanes:
+def _lanes(observed: Observed, limit: int, fail: frozenset[int] = frozenset(),
+           buffer: int | None = None) -> Lanes:
     async def work(event: Event) -> None:
         if event.key in observed.running:
             observed.overlaps.append(event.key)
@@ -60,7 +61,7 @@ def _lanes(observed: Observed, limit: int, fail: frozenset[int] = frozenset()) -
         observed.acked.append(event)
 
     return Lanes(work, limit=limit, key_of=lambda e: e.key, partition_of=lambda e: e.partition,
-                 ack=ack)
+                 ack=ack, buffer=buffer)
 
 
 async def _drain(lanes: Lanes) -> None:
@@ -76,14 +77,14 @@ events_st = st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(0, 3),
 
 
 @settings(max_examples=200, deadline=None)
-@given(spec=events_st, limit=st.integers(1, 8))
+@given(spec=events_st, limit=st.integers(1, 8), buffer=st.integers(1, 20))
 def test_each_key_in_order_each_partition_acked_in_order(spec: list[tuple[str, int, int]],
-                                                          limit: int) -> None:
+                                                          limit: int, buffer: int) -> None:
     observed = Observed()
     events = [Event(n, key, partition, steps) for n, (key, partition, steps) in enumerate(spec)]
 
     async def main() -> None:
-        lanes = _lanes(observed, limit)
+        lanes = _lanes(observed, limit, buffer=buffer)
         for event in events:
             await lanes.submit(event)
         await _drain(lanes)
@@ -123,21 +124,60 @@ def test_a_slow_key_does_not_hold_up_other_keys_but_holds_its_partitions_acks() 
     asyncio.run(main())
 
 
-def test_a_full_window_makes_submit_wait() -> None:
+def test_a_full_buffer_makes_submit_wait() -> None:
     async def main() -> None:
         observed = Observed()
-        lanes = _lanes(observed, limit=3)
+        lanes = _lanes(observed, limit=2, buffer=3)
         gate = asyncio.Event()
         for n in range(3):
             await lanes.submit(Event(n, f"k{n}", 0, 0, gate))
         fourth = asyncio.create_task(lanes.submit(Event(3, "k3", 0, 0)))
         for _ in range(20):
             await asyncio.sleep(0)
-        assert not fourth.done() and lanes.in_flight == 3
+        assert not fourth.done() and lanes.in_flight == 3 and lanes.running == 2
         gate.set()
         await asyncio.wait_for(fourth, 5)
         await _drain(lanes)
         assert [e.n for e in observed.acked] == [0, 1, 2, 3]
+
+    asyncio.run(main())
+
+
+def test_events_waiting_for_their_key_hold_no_slot() -> None:
+    """One key fills the window: 15 slow events of one queue ahead, the window at 5. The
+    other keys' events start at once (issue 17: they used to wait for the slow key's)."""
+    async def main() -> None:
+        observed = Observed()
+        lanes = _lanes(observed, limit=5)
+        gate = asyncio.Event()
+        busy = [Event(n, "busy", 0, 0, gate) for n in range(15)]
+        for event in busy:
+            await lanes.submit(event)
+        others = [Event(n, f"k{n}", 1, 1) for n in range(15, 19)]
+        for event in others:
+            await lanes.submit(event)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert set(observed.finished) == {e.n for e in others}
+        assert observed.started[:1] == [0] and lanes.running == 1  # one busy event runs
+        gate.set()
+        await _drain(lanes)
+        assert [n for n in observed.finished if n < 15] == list(range(15))
+
+    asyncio.run(main())
+
+
+def test_a_key_with_a_backlog_delays_another_key_by_one_handler_at_most() -> None:
+    """With one slot, a key with 100 events waiting and another key's event arriving after
+    them: the other key's event runs as soon as the one event under way ends."""
+    async def main() -> None:
+        observed = Observed()
+        lanes = _lanes(observed, limit=1, buffer=1000)
+        for n in range(100):
+            await lanes.submit(Event(n, "backlog", 0, 1))
+        await lanes.submit(Event(100, "other", 1, 1))
+        await _drain(lanes)
+        assert observed.started[:3] == [0, 100, 1]
 
     asyncio.run(main())
 

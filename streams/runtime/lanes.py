@@ -1,19 +1,28 @@
 """Many messages of a stage at once, one key at a time (design §10).
 
 A stage's agent hands every event it receives to `Lanes.submit`, which returns as soon as
-the event is under way. Events with the same Kafka key run one after another, in the
-order they arrived; events with different keys run concurrently — so a slow call for one
-queue or one build never stalls the others, and `process`, keyed by queue, keeps its
-single writer per queue. An event is acknowledged only when it and every earlier event of
-its partition are done, so the committed offset of a partition never passes an event
-still under way (and acks stay in order, which keeps Faust's own commit tracking exact).
-At most ``limit`` events are under way at once: beyond that `submit` waits, the agent
-stops taking events and Faust stops fetching for it, so memory stays flat under any
-backlog.
+the event is buffered. Events with the same Kafka key run one after another, in the order
+they arrived; events with different keys run concurrently — so a slow call for one queue
+or one build never stalls the others, and `process`, keyed by queue, keeps its single
+writer per queue. An event is acknowledged only when it and every earlier event of its
+partition are done, so the committed offset of a partition never passes an event still
+under way (and acks stay in order, which keeps Faust's own commit tracking exact).
+
+Two bounds, each with its own job:
+
+- **slots** (``limit``): at most this many events *run* at once. A slot belongs to running
+  work only: an event waiting for its key's earlier event holds none. A key runs at most
+  one event at a time, and keys with work waiting take the free slots in turn (round
+  robin), so a key with thousands of events waiting delays another key by at most one
+  handler's time — the time until some slot comes free.
+- **buffer** (``buffer``): at most this many events are held (running or waiting). Beyond
+  that `submit` waits, the agent stops taking events and Faust stops fetching for it, so
+  memory stays flat under any backlog.
 
 A failure of ``work`` itself (the delivery runtime handles every handler error, so this
 is a bug) is never skipped over: its event stays unacknowledged, which stops the
-partition's commits, and the next `submit` raises it so the agent crashes loudly.
+partition's commits, nothing more runs, and the next `submit` raises it so the agent
+crashes loudly.
 """
 
 from __future__ import annotations
@@ -31,6 +40,11 @@ from streams.runtime import metrics
 
 log = logging.getLogger("stovepipe.lanes")
 
+# events held per slot by default (5,000 a stage at the default 500 slots, a few MB): room
+# for a busy key's backlog of thousands while other keys' events still flow in. Faust
+# holds up to its stream_buffer_maxsize (4,096) more per agent before the lanes.
+BUFFER_PER_SLOT = 10
+
 
 @dataclass
 class _Pending:
@@ -44,47 +58,73 @@ class Lanes:
 
     def __init__(self, work: Callable[[Any], Awaitable[None]], *, limit: int,
                  key_of: Callable[[Any], Any], partition_of: Callable[[Any], Any],
-                 ack: Callable[[Any], None], name: str = "") -> None:
+                 ack: Callable[[Any], None], name: str = "",
+                 buffer: int | None = None) -> None:
         if limit < 1:
             raise ValueError(f"lanes need room for at least one event, got limit={limit}")
         self.work = work
         self.key_of = key_of
         self.partition_of = partition_of
         self.ack = ack
-        self._slots = asyncio.Semaphore(limit)
-        self._tails: dict[Any, asyncio.Task[None]] = {}  # each key's last event under way
+        self.limit = limit
+        self.buffer = max(limit, buffer if buffer is not None else limit * BUFFER_PER_SLOT)
+        self._waiting: dict[Any, deque[_Pending]] = {}  # per key, not yet started
+        self._turns: deque[Any] = deque()  # keys with events waiting and none running
+        self._running: dict[Any, asyncio.Task[None]] = {}  # per key, its event under way
         self._partitions: dict[Any, deque[_Pending]] = {}  # unacknowledged, in order
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._held = 0  # events submitted and not finished
+        self._room = asyncio.Event()
+        self._room.set()
         self._failure: BaseException | None = None
         self._gauge = metrics.IN_FLIGHT.labels(stage=name)
 
     @property
     def in_flight(self) -> int:
-        return len(self._tasks)
+        """Events held: running or waiting for their key or a slot."""
+        return self._held
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
 
     async def submit(self, event: Any) -> None:
-        """Start ``event`` (after its key's earlier events); waits only for room."""
-        await self._slots.acquire()
+        """Hold ``event`` (it starts once its key's earlier events are done and a slot is
+        free); waits only while the buffer is full."""
+        while self._held >= self.buffer:
+            self._room.clear()
+            await self._room.wait()
         if self._failure is not None:
-            self._slots.release()
             raise RuntimeError("a delivery failed outside the runtime's error handling; "
                                "its partition stops here") from self._failure
         key = self.key_of(event)
         pending = _Pending(event)
         self._partitions.setdefault(self.partition_of(event), deque()).append(pending)
-        task = asyncio.create_task(self._run(pending, self._tails.get(key)))
-        self._tails[key] = task
-        self._tasks.add(task)
-        self._gauge.set(len(self._tasks))
-        task.add_done_callback(functools.partial(self._finished, key=key))
+        self._held += 1
+        self._gauge.set(self._held)
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            self._waiting[key] = waiting = deque()
+            if key not in self._running:
+                self._turns.append(key)
+        waiting.append(pending)
+        self._start_what_can_run()
 
-    async def _run(self, pending: _Pending, previous: asyncio.Task[None] | None) -> None:
+    def _start_what_can_run(self) -> None:
+        """Give free slots to the keys whose turn it is."""
+        while self._turns and len(self._running) < self.limit:
+            key = self._turns.popleft()
+            waiting = self._waiting[key]
+            pending = waiting.popleft()
+            if not waiting:
+                del self._waiting[key]
+            task = asyncio.create_task(self._run(pending))
+            self._running[key] = task
+            task.add_done_callback(functools.partial(self._finished, key=key))
+
+    async def _run(self, pending: _Pending) -> None:
+        if self._failure is not None:
+            return  # halted: nothing after a failed event runs or is acknowledged
         try:
-            if previous is not None:
-                # the same key's earlier event first, whatever became of it
-                await asyncio.wait([previous])
-            if self._failure is not None:
-                return  # halted: nothing after a failed event runs or is acknowledged
             await self.work(pending.event)
         except asyncio.CancelledError:
             raise
@@ -92,16 +132,18 @@ class Lanes:
             log.exception("delivery_failed_outside_runtime: partition halted")
             self._failure = self._failure or exc
             return
-        finally:
-            self._slots.release()
         pending.done = True
         self._ack_done(self.partition_of(pending.event))
 
     def _finished(self, task: asyncio.Task[None], *, key: Any) -> None:
-        self._tasks.discard(task)
-        self._gauge.set(len(self._tasks))
-        if self._tails.get(key) is task:
-            del self._tails[key]
+        del self._running[key]
+        self._held -= 1
+        self._gauge.set(self._held)
+        self._room.set()
+        if key in self._waiting:  # its next event waits its turn behind the others
+            self._turns.append(key)
+        if not task.cancelled():
+            self._start_what_can_run()
 
     def _ack_done(self, partition: Any) -> None:
         waiting = self._partitions.get(partition)
@@ -114,9 +156,13 @@ class Lanes:
 
     async def close(self) -> None:
         """Stop everything under way; what was not acknowledged is delivered again."""
-        for task in list(self._tasks):
+        self._turns.clear()
+        self._held -= sum(len(w) for w in self._waiting.values())
+        self._waiting.clear()
+        tasks = list(self._running.values())
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._gauge.set(0)
