@@ -49,17 +49,19 @@ class RuntimeWorker:
     """`tests.apps.runtime_worker` as a child process that can be killed and restarted."""
 
     def __init__(self, *, bootstrap: str, dsn: str, topics_file: Path, prefix: str,
-                 log_dir: Path, app_id: str | None = None) -> None:
+                 log_dir: Path, app_id: str | None = None, name: str = "w1") -> None:
         self.env = dict(os.environ, RT_BOOTSTRAP=bootstrap, RT_DSN=dsn,
                         RT_TOPICS=str(topics_file), RT_PREFIX=prefix,
-                        RT_APP_ID=app_id or f"{prefix}app-{uuid.uuid4().hex[:6]}")
+                        RT_APP_ID=app_id or f"{prefix}app-{uuid.uuid4().hex[:6]}",
+                        RT_WORKER=name)
+        self.name = name
         self.log_dir = log_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     def start(self) -> None:
         self.starts += 1
-        with open(self.log_dir / f"worker-{self.starts}.log", "wb") as log:
+        with open(self.log_dir / f"worker-{self.name}-{self.starts}.log", "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "tests.apps.runtime_worker"],
                                          env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          cwd=REPO_ROOT)

@@ -209,3 +209,31 @@ def test_close_cancels_what_is_under_way_without_acking_it() -> None:
         assert [e.n for e in observed.acked] == [0] and lanes.in_flight == 0
 
     asyncio.run(main())
+
+
+def test_revoking_partitions_stops_their_events_and_acks_none_of_them() -> None:
+    """A rebalance moves partition 0 away while one of its events runs (waiting out an
+    outage, say) and two wait behind it: they stop at once and are never acknowledged;
+    partition 1 goes on."""
+    async def main() -> None:
+        observed = Observed()
+        lanes = _lanes(observed, limit=5)
+        stuck = asyncio.Event()  # never set: a handler waiting for ever
+        gate = asyncio.Event()
+        await lanes.submit(Event(0, "a", 0, 0, stuck))
+        await lanes.submit(Event(1, "a", 0, 0))
+        await lanes.submit(Event(2, "b", 1, 0, gate))
+        await lanes.submit(Event(3, "a", 0, 0))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert await asyncio.wait_for(lanes.revoke({0}), 5) == 3
+        assert lanes.in_flight == 1 and lanes.running == 1  # partition 1's event only
+        gate.set()
+        await _drain(lanes)
+        assert [e.n for e in observed.acked] == [2]
+        assert 1 not in observed.started and 3 not in observed.started
+        await lanes.submit(Event(4, "a", 0, 0))  # assigned again: delivered again
+        await _drain(lanes)
+        assert [e.n for e in observed.acked] == [2, 4]
+
+    asyncio.run(main())

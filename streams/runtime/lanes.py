@@ -21,8 +21,14 @@ Two bounds, each with its own job:
 
 A failure of ``work`` itself (the delivery runtime handles every handler error, so this
 is a bug) is never skipped over: its event stays unacknowledged, which stops the
-partition's commits, nothing more runs, and the next `submit` raises it so the agent
-crashes loudly.
+partition's commits, nothing more runs, and the next `submit` raises `LanesHalted` so the
+agent crashes loudly (the worker then has the group deliver the uncommitted messages
+again: `streams.runtime.worker`).
+
+When the group moves partitions away (a rebalance), `revoke` stops their events at once:
+running ones are cancelled, waiting ones dropped, none is acknowledged afterwards — so two
+members never work on one partition's messages at once, whatever a handler was waiting
+for.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import contextlib
 import functools
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +50,10 @@ log = logging.getLogger("stovepipe.lanes")
 # for a busy key's backlog of thousands while other keys' events still flow in. Faust
 # holds up to its stream_buffer_maxsize (4,096) more per agent before the lanes.
 BUFFER_PER_SLOT = 10
+
+
+class LanesHalted(RuntimeError):
+    """A delivery failed outside the runtime's error handling (a bug): nothing more runs."""
 
 
 @dataclass
@@ -70,12 +80,13 @@ class Lanes:
         self.buffer = max(limit, buffer if buffer is not None else limit * BUFFER_PER_SLOT)
         self._waiting: dict[Any, deque[_Pending]] = {}  # per key, not yet started
         self._turns: deque[Any] = deque()  # keys with events waiting and none running
-        self._running: dict[Any, asyncio.Task[None]] = {}  # per key, its event under way
+        self._running: dict[Any, tuple[asyncio.Task[None], _Pending]] = {}  # per key
         self._partitions: dict[Any, deque[_Pending]] = {}  # unacknowledged, in order
         self._held = 0  # events submitted and not finished
         self._room = asyncio.Event()
         self._room.set()
         self._failure: BaseException | None = None
+        self.halted = asyncio.Event()  # set by a failure of ``work``: nothing more runs
         self._gauge = metrics.IN_FLIGHT.labels(stage=name)
 
     @property
@@ -87,15 +98,24 @@ class Lanes:
     def running(self) -> int:
         return len(self._running)
 
+    def failure(self) -> LanesHalted | None:
+        """The halt, as the error the agent raises (None while nothing failed)."""
+        if self._failure is None:
+            return None
+        halted = LanesHalted("a delivery failed outside the runtime's error handling; "
+                             "its partition stops here")
+        halted.__cause__ = self._failure
+        return halted
+
     async def submit(self, event: Any) -> None:
         """Hold ``event`` (it starts once its key's earlier events are done and a slot is
         free); waits only while the buffer is full."""
         while self._held >= self.buffer:
             self._room.clear()
             await self._room.wait()
-        if self._failure is not None:
-            raise RuntimeError("a delivery failed outside the runtime's error handling; "
-                               "its partition stops here") from self._failure
+        halted = self.failure()
+        if halted is not None:
+            raise halted
         key = self.key_of(event)
         pending = _Pending(event)
         self._partitions.setdefault(self.partition_of(event), deque()).append(pending)
@@ -118,7 +138,7 @@ class Lanes:
             if not waiting:
                 del self._waiting[key]
             task = asyncio.create_task(self._run(pending))
-            self._running[key] = task
+            self._running[key] = (task, pending)
             task.add_done_callback(functools.partial(self._finished, key=key))
 
     async def _run(self, pending: _Pending) -> None:
@@ -131,12 +151,14 @@ class Lanes:
         except BaseException as exc:
             log.exception("delivery_failed_outside_runtime: partition halted")
             self._failure = self._failure or exc
+            self.halted.set()
             return
         pending.done = True
         self._ack_done(self.partition_of(pending.event))
 
     def _finished(self, task: asyncio.Task[None], *, key: Any) -> None:
-        del self._running[key]
+        if self._running.get(key, (None,))[0] is task:
+            del self._running[key]
         self._held -= 1
         self._gauge.set(self._held)
         self._room.set()
@@ -154,12 +176,39 @@ class Lanes:
         if not waiting:
             del self._partitions[partition]
 
+    async def revoke(self, partitions: Collection[Any]) -> int:
+        """Stop every event of ``partitions`` (their group moved them to another member):
+        waiting ones are dropped, running ones cancelled, none is acknowledged after this
+        returns — the new owner delivers them again from the committed offset. Returns how
+        many events were stopped."""
+        gone = set(partitions)
+        stopped = 0
+        for key in [k for k, w in self._waiting.items()
+                    if self.partition_of(w[0].event) in gone]:
+            stopped += len(self._waiting.pop(key))
+        self._turns = deque(k for k in self._turns if k in self._waiting
+                            or k in self._running)
+        self._held -= stopped
+        cancelled = [task for task, pending in self._running.values()
+                     if self.partition_of(pending.event) in gone]
+        for partition in gone:
+            self._partitions.pop(partition, None)
+        for task in cancelled:
+            task.cancel()
+        for task in cancelled:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._gauge.set(self._held)
+        self._room.set()
+        self._start_what_can_run()
+        return stopped + len(cancelled)
+
     async def close(self) -> None:
         """Stop everything under way; what was not acknowledged is delivered again."""
         self._turns.clear()
         self._held -= sum(len(w) for w in self._waiting.values())
         self._waiting.clear()
-        tasks = list(self._running.values())
+        tasks = [task for task, _ in self._running.values()]
         for task in tasks:
             task.cancel()
         for task in tasks:

@@ -72,6 +72,12 @@ DEPENDENCY_WAITS = Counter(
     "dependency was unavailable (no attempt spent).",
     ["stage"],
 )
+AGENT_RESTARTS = Counter(
+    "stovepipe_agent_restarts_total",
+    "A stage's agent crashed on a bug outside the runtime's error handling and was restarted"
+    " (its uncommitted messages delivered again after a rebalance).",
+    ["stage"],
+)
 PARKED = Counter(
     "stovepipe_parked_total",
     "Reconciler messages that can never be processed, parked in PostgreSQL.",

@@ -23,7 +23,7 @@ from google.protobuf.message import Message
 
 from contract import MalformedPayload, marshal, unmarshal
 from streams.runtime import headers as h
-from streams.runtime import metrics
+from streams.runtime import metrics, timings
 from streams.runtime.classify import is_backpressure, is_outage, outcome_of_exception
 from streams.runtime.delay import DelayTiers, produce_until_acked, send_later
 from streams.runtime.logs import bounded
@@ -40,8 +40,8 @@ from streams.runtime.policy import (
 
 log = logging.getLogger("stovepipe.runtime")
 outage_log = logging.getLogger("stovepipe.outage")  # rate-limited (streams.runtime.logs)
-OUTAGE_FIRST_BACKOFF = 0.5
-OUTAGE_MAX_BACKOFF = 5.0
+OUTAGE_FIRST_BACKOFF = timings.OUTAGE_FIRST_BACKOFF
+OUTAGE_MAX_BACKOFF = timings.OUTAGE_MAX_BACKOFF
 
 P = TypeVar("P", bound=Message)
 D = TypeVar("D")  # what a worker's handlers share (the pipeline's: streams.stages.deps.Deps)

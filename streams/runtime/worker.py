@@ -23,11 +23,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from store import Database
 from streams.config.settings import load_settings
-from streams.runtime import logs
+from streams.runtime import logs, metrics, timings
 from streams.runtime.config import WorkerConfig
 from streams.runtime.delay import DelayScheduler, DelayTiers
 from streams.runtime.kafka import KafkaPublisher
-from streams.runtime.lanes import Lanes
+from streams.runtime.lanes import Lanes, LanesHalted
 from streams.runtime.periodic import PeriodicTask, run_periodically
 from streams.runtime.stage import (
     Delivery,
@@ -40,6 +40,8 @@ from streams.runtime.stage import (
 log = logging.getLogger("stovepipe.worker")
 
 FETCH_MAX_WAIT_MS = 100
+REVOKE_DEADLINE = timings.REVOKE_DEADLINE
+AGENT_RESTART_FIRST, AGENT_RESTART_CAP = 1.0, 60.0  # seconds before a crashed agent's rebalance
 
 
 D = TypeVar("D")  # what the worker's handlers share, e.g. streams.stages.deps.Deps
@@ -57,10 +59,20 @@ class _Consumer(faust_aiokafka.AIOKafkaConsumerThread):
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
         return consumer
 
+    async def _request_rejoin(self) -> None:
+        # on the consumer's own thread: aiokafka's coordinator is not thread-safe
+        self._ensure_consumer()._coordinator.request_rejoin()
+
 
 class _ConsumerDelegate(faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> Any:
         return _Consumer(self, loop=self.loop, beacon=self.beacon)
+
+    async def request_rejoin(self) -> None:
+        """Have the group rebalance: every member's partitions are revoked and assigned
+        again, each read again from its committed offset."""
+        thread: Any = self._thread
+        await thread.call_thread(thread._request_rejoin)
 
 
 class _Transport(faust_aiokafka.Transport):
@@ -81,6 +93,18 @@ class RuntimeService(Generic[D]):
         self._publisher: KafkaPublisher | None = None
         self._scheduler: DelayScheduler | None = None
         self._close_deps: Callable[[], Awaitable[None]] | None = None
+        self.lanes: dict[str, Lanes] = {}  # each stage's, while its agent runs
+
+    async def revoke(self, partitions: set[Any]) -> None:
+        """The group moved ``partitions`` away: stop their messages in every stage now,
+        before this member rejoins (`Lanes.revoke`), within `REVOKE_DEADLINE`."""
+        stopped = 0
+        async with asyncio.timeout(REVOKE_DEADLINE):
+            for lanes in list(self.lanes.values()):
+                stopped += await lanes.revoke(partitions)
+        if stopped:
+            log.info("partitions_revoked partitions=%d messages_stopped=%d",
+                     len(partitions), stopped)
 
     async def start(self) -> None:
         cfg = self.config
@@ -128,8 +152,13 @@ def build_app(config: WorkerConfig, stages: Sequence[Stage[Any]], open_deps: Ope
         "broker_commit_interval": config.commit_interval,
         # a worker killed without leaving its group holds its partitions until the
         # session times out; 10 s bounds that stall after a crash
-        "broker_session_timeout": 10.0,
-        "broker_heartbeat_interval": 1.0,
+        "broker_session_timeout": timings.SESSION_TIMEOUT,
+        "broker_heartbeat_interval": timings.HEARTBEAT_INTERVAL,
+        "broker_rebalance_timeout": timings.REBALANCE_TIMEOUT,
+        # a rebalance does not wait for the messages under way to finish (a handler may
+        # wait out an outage for minutes): the revoked partitions' messages are stopped
+        # by RuntimeService.revoke, and delivered again to their new owner
+        "stream_wait_empty": False,
         "web_enabled": config.web_port is not None,
         "store": "memory://",
         # Faust's default data directory is relative to the current directory
@@ -143,11 +172,16 @@ def build_app(config: WorkerConfig, stages: Sequence[Stage[Any]], open_deps: Ope
     runtime = RuntimeService(config, open_deps, periodic)
     app.service(_bind(runtime))
 
+    async def on_revoked(app: Any, revoked: set[Any], **kwargs: Any) -> None:
+        await runtime.revoke(revoked)
+
+    app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
+
     for stage in stages:
         route = config.topics[stage.key]
         topic = app.topic(route.topic, partitions=route.partitions, value_serializer="raw",
                           key_serializer="raw", internal=False)
-        app.agent(topic, name=f"stage.{stage.key}")(_agent_for(stage, runtime))
+        app.agent(topic, name=f"stage.{stage.key}")(_agent_for(stage, runtime, app))
     if config.web_port is not None:
         _add_metrics_page(app)
     app.stovepipe_runtime = runtime  # type: ignore[attr-defined]
@@ -172,9 +206,12 @@ def _bind(runtime: RuntimeService[Any]) -> Any:
     return _Bound
 
 
-def _agent_for(stage: Stage[Any],
-               runtime: RuntimeService[Any]) -> Callable[[Any], Awaitable[None]]:
+def _agent_for(stage: Stage[Any], runtime: RuntimeService[Any],
+               app: faust.App) -> Callable[[Any], Awaitable[None]]:
+    crashes = 0
+
     async def run_stage(stream: Any) -> None:
+        nonlocal crashes
         await runtime.ready.wait()
         delivery = runtime.delivery
         assert delivery is not None
@@ -193,10 +230,45 @@ def _agent_for(stage: Stage[Any],
                       key_of=lambda event: event.message.key,
                       partition_of=lambda event: event.message.tp,
                       ack=lambda event: event.ack())
-        try:
+        runtime.lanes[stage.key] = lanes
+
+        async def take_events() -> None:
             async for event in stream.noack().events():
                 await lanes.submit(event)
+
+        try:
+            # taking events, until a failure halts the lanes (however quiet the topic)
+            taking = asyncio.ensure_future(take_events())
+            halted = asyncio.ensure_future(lanes.halted.wait())
+            try:
+                await asyncio.wait({taking, halted}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (taking, halted):
+                    task.cancel()
+                await asyncio.gather(taking, halted, return_exceptions=True)
+            if taking.done() and not taking.cancelled() and taking.exception() is not None:
+                raise taking.exception()  # type: ignore[misc]
+            failure = lanes.failure()
+            if failure is not None:
+                raise failure
+        except LanesHalted as exc:
+            # a bug outside the runtime's error handling: the messages under way were
+            # never acknowledged, and nothing commits past them. Faust restarts this
+            # agent; a rebalance has every partition read again from its committed
+            # offset, so they are delivered again (after a pause that grows with
+            # repeated crashes, so a bug that always strikes does not storm the group)
+            crashes += 1
+            pause = min(AGENT_RESTART_FIRST * 2 ** (crashes - 1), AGENT_RESTART_CAP)
+            metrics.AGENT_RESTARTS.labels(stage=stage.key).inc()
+            log.critical("agent_crashed stage=%s crashes=%d error=%r: restarting it; its "
+                         "uncommitted messages are delivered again after a rebalance in "
+                         "%.0fs", stage.key, crashes, exc.__cause__, pause)
+            await asyncio.sleep(pause)
+            await app.consumer.request_rejoin()  # type: ignore[attr-defined]
+            raise
         finally:
+            if runtime.lanes.get(stage.key) is lanes:
+                del runtime.lanes[stage.key]
             await lanes.close()
 
     run_stage.__name__ = f"stage_{stage.key}"

@@ -14,6 +14,11 @@ Environment: RT_BOOTSTRAP, RT_DSN (its search_path names the test's schema), RT_
                    counted in runtime_arrived) until the row 'build' is in runtime_latch
   recon:K:N        (on process_dlq) fail retryably until K attempts failed, then record N
   reconfatal:N     (on process_dlq) always fail for good: parked after park_after attempts
+  outage:N         the database seems away (an outage, retried in place) until the row
+                   'outage' is in runtime_latch, then record N; every call is logged in
+                   runtime_calls with the worker (RT_WORKER) and the time
+  bugonce:N        the first call raises past the runtime's error handling (a bug: the
+                   agent crashes), later ones record N
 
 "Record" inserts (id, stage, attempt) into runtime_sink; duplicates are absorbed by its
 key and counted in runtime_sink.deliveries.
@@ -42,6 +47,9 @@ CREATE TABLE IF NOT EXISTS runtime_held (
     held_at timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE TABLE IF NOT EXISTS runtime_arrived (id text PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS runtime_latch (name text PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS runtime_calls (
+    id text NOT NULL, worker text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    done boolean NOT NULL DEFAULT false);
 """
 
 
@@ -66,6 +74,32 @@ class Boom(ValueError):
     """A non-retryable failure."""
 
 
+class HandlerBug(BaseException):
+    """A failure the runtime does not handle: a bug outside its error handling."""
+
+
+async def _outage_until_latched(ctx: Context, ident: str) -> None:
+    async with ctx.deps.pool.connection() as conn:
+        await conn.execute("INSERT INTO runtime_calls (id, worker) VALUES (%s, %s)",
+                           (ident, os.environ.get("RT_WORKER", "?")))
+        cur = await conn.execute("SELECT 1 FROM runtime_latch WHERE name = 'outage'")
+        latched = await cur.fetchone() is not None
+    if not latched:
+        raise ConnectionRefusedError("the database seems away (a test's outage)")
+    await _record(ctx, ident)
+
+
+async def _bug_once(ctx: Context, ident: str) -> None:
+    async with ctx.deps.pool.connection() as conn:
+        cur = await conn.execute("INSERT INTO runtime_calls (id, worker) VALUES (%s, %s)"
+                                 " RETURNING (SELECT count(*) FROM runtime_calls"
+                                 "            WHERE id = %s)", (ident, "-", ident))
+        row = await cur.fetchone()
+    if row is not None and row[0] == 0:
+        raise HandlerBug(f"a bug while handling {ident}")
+    await _record(ctx, ident)
+
+
 async def handle_process(payload: ProcessRequest, ctx: Context) -> Outcome:
     kind, *rest = payload.id.split(":")
     if kind == "ack":
@@ -82,6 +116,10 @@ async def handle_process(payload: ProcessRequest, ctx: Context) -> Outcome:
         raise RetryableError("always fails, retryably")
     elif kind == "fatal":
         raise Boom("fails for good")
+    elif kind == "outage":
+        await _outage_until_latched(ctx, payload.id)
+    elif kind == "bugonce":
+        await _bug_once(ctx, payload.id)
     elif kind in ("pipe", "pipelatch"):
         await ctx.publish("build", BuildRequest(id=payload.id, queue_name=payload.queue_name))
     elif kind in ("pipehold", "pipeholdlatch"):
