@@ -18,7 +18,7 @@ _LIVE = "('accepted', 'running')"
 _COLUMNS = (
     "build_id, queue, request_id, trigger_key, host, work_dir, status, reason, detail,"
     " pid, pgid, proc_start_time, exit_code, log_tail, created_at, started_at,"
-    " heartbeat_at, cancel_requested_at, finished_at,"
+    " heartbeat_at, cancel_requested_at, finished_at, head_sha,"
     " EXTRACT(EPOCH FROM now() - heartbeat_at)::float8 AS heartbeat_age"
 )
 
@@ -58,25 +58,27 @@ class CommandBuildStore(Store):
 
     async def create_or_get(self, build_id: str, *, queue: str, request_id: str,
                             trigger_key: str | None, host: str, work_dir: str,
+                            head_sha: str | None = None,
                             observed: Observation | None = None,
                             ) -> tuple[CommandBuild, bool]:
-        """A new `accepted` build (or, with ``observed``, one adopted in that state), and
-        True; or the build already started for ``trigger_key`` (by any host), and
-        False."""
+        """A new `accepted` build of ``head_sha`` (or, with ``observed``, one adopted in
+        that state), and True; or the build already started for ``trigger_key`` (by any
+        host), and False — whatever commit it builds: the caller compares."""
         seen = observed or Observation(BuildStatus.ACCEPTED, "queued")
         key = {"build_id": build_id}
         row = await self._fetch_one(
             "INSERT INTO command_build (build_id, queue, request_id, trigger_key, host,"
-            " work_dir, status, reason, detail, pid, pgid, proc_start_time, exit_code,"
-            " log_tail, started_at, finished_at)"
+            " work_dir, head_sha, status, reason, detail, pid, pgid, proc_start_time,"
+            " exit_code, log_tail, started_at, finished_at)"
             " VALUES (%(id)s, %(queue)s, %(request_id)s, %(key)s, %(host)s, %(work_dir)s,"
-            " %(status)s, %(reason)s, %(detail)s, %(pid)s, %(pgid)s, %(start_time)s,"
-            " %(exit_code)s, %(log_tail)s,"
+            " %(head_sha)s, %(status)s, %(reason)s, %(detail)s, %(pid)s, %(pgid)s,"
+            " %(start_time)s, %(exit_code)s, %(log_tail)s,"
             " CASE WHEN %(pid)s::integer IS NULL THEN NULL ELSE now() END,"
             " CASE WHEN %(terminal)s THEN now() END)"
             f" ON CONFLICT DO NOTHING RETURNING {_COLUMNS}",
             {"id": build_id, "queue": queue, "request_id": request_id, "key": trigger_key,
-             "host": host, "work_dir": work_dir, **_observation(seen)},
+             "host": host, "work_dir": work_dir, "head_sha": head_sha,
+             **_observation(seen)},
             key=key)
         if row is not None:
             return _command_build(row), True

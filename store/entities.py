@@ -272,6 +272,8 @@ class CommandBuild:
     heartbeat_at: datetime
     cancel_requested_at: datetime | None
     finished_at: datetime | None
+    # the head commit it builds; None for a build started before the column existed
+    head_sha: str | None = None
     # seconds since the heartbeat, by the database's clock (an observation: no part of
     # equality)
     heartbeat_age: float = field(default=0.0, compare=False)

@@ -344,6 +344,34 @@ def test_concurrent_triggers_respect_the_bound(builds: Builds, repo: Repo, out: 
 # --- errors -----------------------------------------------------------------------------------
 
 
+def test_a_trigger_key_names_one_commit(builds: Builds, repo: Repo) -> None:
+    """The row keeps the head it builds: a repeated trigger of the key for that commit
+    finds the build; one for another commit is a broken invariant (here a row edited by
+    hand), never that build's outcome reported for it."""
+    runner = builds.runner("true")
+    key = {"trigger_key": "request/q/1", "request_id": "request/q/1"}
+    build_id = builds.trigger(runner, repo.uri(3), None, key)
+    assert builds.row(build_id).head_sha == repo.shas[2]
+    assert builds.finished(runner, build_id).status is BuildStatus.SUCCEEDED
+    assert builds.trigger(runner, repo.uri(3), None, key) == build_id  # the same commit
+
+    with pytest.raises(BuildRunnerError) as caught:
+        builds.trigger(runner, repo.uri(2), repo.uri(1), key)
+    assert not caught.value.retryable
+    assert "invariant" in str(caught.value) and build_id in str(caught.value)
+    assert repo.shas[2] in str(caught.value) and repo.shas[1] in str(caught.value)
+    assert builds.run(builds.db.command_builds.find_by_trigger_key(
+        "request/q/1")) == builds.row(build_id)  # nothing new was started
+
+    # a row from before the head was stored: its key is trusted, as it always was
+    async def forget_head() -> None:
+        async with builds.db.pool.connection() as conn:
+            await conn.execute("UPDATE command_build SET head_sha = NULL")
+
+    builds.run(forget_head())
+    assert builds.trigger(runner, repo.uri(2), None, key) == build_id
+
+
 def test_unknown_build_ids_are_not_retryable(builds: Builds) -> None:
     runner = builds.runner("true")
     for build_id in ("cmd-" + "0" * 32, "fake-abc", "cmd-../../etc", ""):

@@ -1,6 +1,7 @@
 """CommandBuildStore on the real database: the trigger key deduplicates across hosts, the
-owner's record and another host's "lost" verdict are compare-and-sets where the first
-decides, and a terminal status is write-once even for a hand-written UPDATE."""
+row keeps the head commit it builds, the owner's record and another host's "lost"
+verdict are compare-and-sets where the first decides, and a terminal status is
+write-once even for a hand-written UPDATE."""
 
 from __future__ import annotations
 
@@ -78,5 +79,35 @@ def test_the_first_to_decide_a_build_decides_it(migrated_dsn: str) -> None:
                 async with db.pool.connection() as conn:
                     await conn.execute("UPDATE command_build SET status = 'succeeded'"
                                        " WHERE build_id = 'cmd-1'")
+
+    asyncio.run(run())
+
+
+def test_a_build_keeps_its_head_commit(migrated_dsn: str) -> None:
+    head, other = "a" * 40, "b" * 40
+
+    async def run() -> None:
+        async with await Database.open(migrated_dsn, max_size=2) as db:
+            rows = db.command_builds
+            made, created = await rows.create_or_get(
+                "cmd-1", queue="q", request_id="request/q/1", trigger_key="request/q/1",
+                host="host-a", work_dir="/w", head_sha=head)
+            assert created and made.head_sha == head
+            # another trigger of the key, for another commit: the build found is the
+            # first one, with its own head, for the caller to compare
+            found, created = await rows.create_or_get(
+                "cmd-2", queue="q", request_id="request/q/1", trigger_key="request/q/1",
+                host="host-b", work_dir="/w", head_sha=other)
+            assert not created and (found.build_id, found.head_sha) == ("cmd-1", head)
+            assert (await rows.find_by_trigger_key("request/q/1")) == made
+            recorded = await rows.record("cmd-1", "host-a", RUNNING)
+            assert recorded is not None and recorded.head_sha == head  # kept by writes
+            # a row written before the column (or an adopted build without build.json's
+            # head): no head
+            adopted, _ = await rows.create_or_get(
+                "cmd-3", queue="q", request_id="", trigger_key=None, host="host-a",
+                work_dir="/w", observed=RUNNING)
+            assert adopted.head_sha is None
+            assert (await rows.get_many(["cmd-1", "cmd-3"]))["cmd-3"].head_sha is None
 
     asyncio.run(run())

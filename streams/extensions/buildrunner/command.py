@@ -254,12 +254,16 @@ class CommandBuildRunner:
                       metadata: Mapping[str, str]) -> str:
         rows = self._rows()
         trigger_key = metadata.get("trigger_key") or None
+        try:
+            head = parse_uri(head_uri)
+        except SourceControlError as exc:
+            raise BuildRunnerError(f"command runner: cannot build {head_uri}: {exc}",
+                                   retryable=exc.retryable) from exc
         if trigger_key is not None:
             known = await rows.find_by_trigger_key(trigger_key)
             if known is not None:  # a repeated trigger: the build started for it
-                return known.build_id
+                return _same_head(known, trigger_key, head.sha).build_id
         try:
-            head = parse_uri(head_uri)
             base_sha = parse_uri(base_uri).sha if base_uri else ""
             source = await self.repo.git_dir()
             present = await self.repo.ensure_commit(head.sha, head.ref)
@@ -280,10 +284,11 @@ class CommandBuildRunner:
         # should this fail after the row committed, the owner's tend queues the build
         row, created = await rows.create_or_get(
             build_id, queue=queue, request_id=request_id, trigger_key=trigger_key,
-            host=self.host, work_dir=str(self.work_dir))
+            host=self.host, work_dir=str(self.work_dir), head_sha=head.sha)
         if not created:  # a concurrent trigger of the same key won
             await self.local.discard(build_id)
-            return row.build_id
+            assert trigger_key is not None  # without a key every insert is new
+            return _same_head(row, trigger_key, head.sha).build_id
         await self.local.activate(build_id)
         await self._reconcile(row)
         return build_id
@@ -395,7 +400,8 @@ class CommandBuildRunner:
         row, _ = await self._rows().create_or_get(
             build_id, queue=str(spec.get("queue", self.queue)),
             request_id=str(spec.get("request_id", "")), trigger_key=None, host=self.host,
-            work_dir=str(self.work_dir), observed=observed)
+            work_dir=str(self.work_dir), head_sha=str(spec.get("head_sha") or "") or None,
+            observed=observed)
         log.info("command_build_adopted build_id=%s status=%s", build_id, row.status)
         return row
 
@@ -443,6 +449,20 @@ class CommandBuildRunner:
             # the build did not run to its end on a live host: no verdict on the commit
             unvalidated = f"{UNVALIDATED_REASONS[row.reason]}: {row.detail or row.reason}"
         return BuildReport(row.status, metadata, unvalidated)
+
+
+def _same_head(row: CommandBuild, trigger_key: str, head_sha: str) -> CommandBuild:
+    """``row``, found by ``trigger_key`` for a trigger of ``head_sha``, if it builds that
+    commit. A trigger key is one Request's, and a Request validates one commit: a build of
+    another commit under it is a broken invariant (a hand-edited row, a reused id), never
+    a build to report for this one — a non-retryable error naming both commits. A row from
+    before the head was stored (None) is trusted, as it always was."""
+    if row.head_sha is not None and row.head_sha != head_sha:
+        raise BuildRunnerError(
+            f"command runner: invariant broken: trigger key {trigger_key!r} names build "
+            f"{row.build_id} of commit {row.head_sha}, but this trigger is for commit "
+            f"{head_sha}; refusing to report that build for it")
+    return row
 
 
 def _same(row: CommandBuild, observed: Observation) -> bool:
