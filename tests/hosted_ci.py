@@ -321,19 +321,23 @@ class FakeBuildkite(FakeApi):
 class FakeGitHub(FakeApi):
     """One repository's one workflow (others are 404). ``run_name`` is the workflow's
     ``run-name`` (``${{ inputs.X }}`` is replaced); ``returns_run_details`` False plays a
-    GitHub that answers a dispatch 204 only; while ``hide_new_runs`` is set, runs are
-    started but not yet listed."""
+    GitHub that answers a dispatch 204 only; ``refuses_run_details`` (400 or 422) plays an
+    Enterprise Server that does not know ``return_run_details`` and refuses a dispatch
+    carrying it, starting nothing, as it refuses any unknown body parameter; while
+    ``hide_new_runs`` is set, runs are started but not yet listed."""
 
     def __init__(self, token: str, repository: str = "acme/monorepo",
                  workflow: str = "stovepipe.yml",
                  inputs: tuple[str, ...] = ("head", "base", "stovepipe_id"),
                  run_name: str = "Stovepipe ${{ inputs.stovepipe_id }}",
-                 returns_run_details: bool = True) -> None:
+                 returns_run_details: bool = True,
+                 refuses_run_details: int | None = None) -> None:
         super().__init__(token)
         self.repository, self.workflow = repository, workflow
         self.declared_inputs = inputs
         self.run_name = run_name
         self.returns_run_details = returns_run_details
+        self.refuses_run_details = refuses_run_details
         self.hide_new_runs = False
         self.hidden: set[int] = set()
         self.unknown_refs: set[str] = set()
@@ -379,6 +383,15 @@ class FakeGitHub(FakeApi):
         if not self._workflow_known(request):
             return self._not_found()
         body = request[BODY] if isinstance(request[BODY], dict) else {}
+        if self.refuses_run_details is not None and "return_run_details" in body:
+            # the answer GitHub's REST API gives a body with a key the endpoint does not
+            # take ("Invalid request" listing the key; 422, or 400 on some versions)
+            return web.json_response({
+                "message": 'Invalid request.\n\n"return_run_details" is not a permitted '
+                           'key.',
+                "documentation_url": "https://docs.github.com/enterprise-server@3.14/rest/"
+                                     "actions/workflows#create-a-workflow-dispatch-event",
+                "status": str(self.refuses_run_details)}, status=self.refuses_run_details)
         ref = body.get("ref")
         if not isinstance(ref, str) or not ref:
             return web.json_response({"message": "Invalid request.\n\n\"ref\" wasn't "

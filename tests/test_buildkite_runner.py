@@ -216,9 +216,24 @@ def _http_date(seconds_from_now: float) -> str:
     return formatdate(time.time() + seconds_from_now, usegmt=True)
 
 
+# Buildkite's rate-limit answers, written to its documentation, "REST API rate limits"
+# (https://buildkite.com/docs/apis/rest-api/limits): every answer carries
+# RateLimit-Remaining, RateLimit-Limit (200 a minute per organization) and RateLimit-Reset
+# (seconds until the window starts anew); once the limit is spent the answer is 429 with
+# RateLimit-Remaining 0, and the next request waits for RateLimit-Reset.
+SPENT = {"RateLimit-Remaining": "0", "RateLimit-Limit": "200", "RateLimit-Reset": "42"}
+
+
 @pytest.mark.parametrize(("status", "headers", "retryable", "retry_after"), [
     (429, {"Retry-After": "7"}, True, 7.0),
-    (429, {"RateLimit-Reset": "42", "RateLimit-User-Reset": "12"}, True, 42.0),
+    (429, SPENT, True, 42.0),  # the organization's limit is spent: until its reset
+    (429, {**SPENT, "RateLimit-Reset": "0"}, True, 0.0),  # its window starts anew now
+    # another reset header does not make it wait longer than the limit that is spent
+    (429, {**SPENT, "RateLimit-Reset": "12", "RateLimit-User-Reset": "50"}, True, 12.0),
+    # requests remain in the organization's window: that limit did not refuse it, and its
+    # reset says nothing about when the one that did will allow it
+    (429, {**SPENT, "RateLimit-Remaining": "180"}, True, 60.0),
+    (429, {**SPENT, "RateLimit-Remaining": "180", "Retry-After": "9"}, True, 9.0),
     (429, {}, True, 60.0),
     (500, {}, True, None),
     (502, {}, True, None),

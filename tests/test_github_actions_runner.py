@@ -137,6 +137,47 @@ def test_a_dispatch_answered_204_finds_its_run_by_its_run_name() -> None:
     serve(scenario, fake)
 
 
+@pytest.mark.parametrize("refusal", [400, 422])
+def test_a_server_that_refuses_return_run_details_is_dispatched_to_without_it(
+        refusal: int) -> None:
+    """GitHub Enterprise Server before `return_run_details` ("Create a workflow dispatch
+    event", https://docs.github.com/rest/actions/workflows#create-a-workflow-dispatch-event:
+    the parameter is recent; older servers refuse a body key they do not know, starting no
+    run): the dispatch is sent again at once without it, the run is found by its run-name
+    as after a 204, and the runner asks that server without it from then on."""
+    fake = FakeGitHub(TOKEN, refuses_run_details=refusal)
+
+    async def scenario(fake: FakeGitHub, runner: GitHubActionsBuildRunner) -> None:
+        assert await runner.trigger(BASE_URI, HEAD_URI, META) == FIRST_RUN
+        refused, taken = fake.requests("POST", "/dispatches")
+        assert refused.body["return_run_details"] is True
+        assert "return_run_details" not in taken.body
+        assert taken.body["inputs"] == refused.body["inputs"]
+        assert len(fake.runs) == 1  # the refused dispatch started nothing
+        assert fake.requests("GET", "/runs")  # found by its run-name
+
+        second = await runner.trigger(None, git_uri(REPO, "main", "c" * 40), {})
+        assert second == "gha-acme/monorepo/1000000002"
+        dispatches = fake.requests("POST", "/dispatches")
+        assert len(dispatches) == 3 and "return_run_details" not in dispatches[2].body
+
+    serve(scenario, fake)
+
+
+def test_a_real_422_is_not_mistaken_for_a_server_without_return_run_details() -> None:
+    async def scenario(fake: FakeGitHub, runner: GitHubActionsBuildRunner) -> None:
+        fake.unknown_refs.add("main")
+        error = await failure_of(runner.trigger(None, HEAD_URI, {}))
+        assert not error.retryable and "No ref found for: main" in str(error)
+        fake.unknown_refs.clear()
+        assert await runner.trigger(None, HEAD_URI, {}) == FIRST_RUN
+        assert [d.body.get("return_run_details") for d in fake.requests(
+            "POST", "/dispatches")] == [True, None, True]  # still asked for the run
+        assert fake.requests("GET", "/runs") == []
+
+    serve(scenario)
+
+
 def test_a_run_that_shows_up_late_is_waited_for_within_run_search() -> None:
     fake = FakeGitHub(TOKEN, returns_run_details=False)
 
@@ -260,6 +301,12 @@ def test_cancel_stops_a_run_and_leaves_a_completed_one_as_it_ended() -> None:
     (429, {"retry-after": "7"}, "slow down", True, 7.0),
     (403, {"retry-after": "30"}, "You have exceeded a secondary rate limit", True, 30.0),
     (403, {}, "You have exceeded a secondary rate limit", True, 60.0),
+    (403, {"x-ratelimit-remaining": "4870"}, "You have exceeded a secondary rate limit",
+     True, 60.0),
+    (429, {"x-ratelimit-remaining": "4870"}, "You have exceeded a secondary rate limit",
+     True, 60.0),
+    (403, {"x-ratelimit-remaining": "4870"}, "Resource not accessible by integration",
+     False, None),
     (429, {}, "", True, 60.0),
     (500, {}, "", True, None),
     (502, {}, "", True, None),
@@ -274,9 +321,14 @@ def test_each_answer_is_retryable_or_not_with_the_delay_it_asks_for(
         status: int, headers: dict[str, str], message: str, retryable: bool,
         retry_after: float | None) -> None:
     async def scenario(fake: FakeGitHub, runner: GitHubActionsBuildRunner) -> None:
-        for call in (lambda: runner.trigger(None, HEAD_URI, {}),
-                     lambda: runner.status(FIRST_RUN), lambda: runner.cancel(FIRST_RUN)):
-            fake.fail_next(status, headers=headers,
+        for n, call in enumerate((lambda: runner.trigger(None, HEAD_URI, {}),
+                                  lambda: runner.status(FIRST_RUN),
+                                  lambda: runner.cancel(FIRST_RUN))):
+            # a dispatch refused with 400/422 is sent once more without
+            # return_run_details (a server that may not know it): refuse that one too
+            again = n == 0 and status in (400, 422)
+            fake.fail_next(status, headers=headers, times=2 if again else 1,
+                           path="/dispatches" if again else None,
                            body={"message": f"{message} (token {TOKEN})"})
             error = await failure_of(call())
             assert (error.retryable, error.retry_after) == (retryable, retry_after), error
@@ -400,6 +452,10 @@ def test_queues_yaml_with_every_option(tmp_path: Path) -> None:
     ({**GHA, "inputs": {"stovepipe_id": "x"}},
      "queues.q.build_runner: inputs ['stovepipe_id'] are set by Stovepipe"),
     ({**GHA, "inputs": {"suite": 3}}, "queues.q.build_runner.inputs: expected a mapping"),
+    # "Events that trigger workflows", workflow_dispatch: at most 25 inputs
+    ({**GHA, "inputs": {f"extra_{n}": "x" for n in range(23)}},
+     "queues.q.build_runner: a workflow_dispatch takes at most 25 inputs, and this runner "
+     "would send 26: Stovepipe's 3 (head_input, base_input, id_input) and 23 under inputs"),
     ({**GHA, "run_search": "0s"}, "queues.q.build_runner.run_search: must be longer"),
     ({**GHA, "ref": "a..b"}, "queues.q.build_runner.ref: invalid branch name"),
     ({**GHA, "api_url": "api.github.com"}, "queues.q.build_runner.api_url: expected an"),
@@ -410,6 +466,12 @@ def test_each_queues_yaml_problem_is_reported(tmp_path: Path, build_runner: Any,
         _load(tmp_path, build_runner)
     assert any(expected in p for p in caught.value.problems), caught.value.problems
     assert TOKEN not in str(caught.value)
+
+
+def test_twenty_five_inputs_are_accepted(tmp_path: Path) -> None:
+    inputs = {f"extra_{n}": "x" for n in range(22)}
+    spec = _load(tmp_path, {**GHA, "inputs": inputs}).get("q").build_runner
+    assert isinstance(spec, GitHubActionsBuildRunnerSpec) and spec.inputs == inputs
 
 
 def test_the_shipped_file_s_github_actions_example_is_valid(tmp_path: Path) -> None:

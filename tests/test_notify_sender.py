@@ -1,23 +1,28 @@
 """The sender of commit statuses and alerts (streams/stages/notify.py) on the real
 database, against local HTTP servers standing in for GitHub and the webhooks: what is
-retried (5xx, 429 with Retry-After, a hanging service, a refused connection, a missing
-secret), what is given up (401), in which order a commit's statuses go, and that no
-secret reaches a row, a log line or a metric."""
+retried (5xx, 429 with Retry-After, GitHub's primary and secondary rate limits, a hanging
+service, a refused connection, a missing secret), what is given up (401, a 403 that is no
+rate limit), in which order a commit's statuses go, and that no secret reaches a row, a
+log line or a metric."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from prometheus_client import REGISTRY
 
 from store import Database
 from streams.config.queues import Extensions, load_queues
+from streams.extensions.notify import github_status
 from streams.extensions.notify import http as notify_http
 from streams.stages import notify
 from streams.stages.deps import Deps
@@ -247,3 +252,131 @@ def test_alert_bodies(migrated_dsn: str, tmp_path: Path, fake: FakeServices,
     assert fake.delivered(SLACK) == [{
         "text": f":red_circle: Stovepipe: q is RED at c2-fail (request/q/2; was green). "
                 f"<{link}|details>"}]
+
+
+# --- GitHub's rate limits ----------------------------------------------------------------
+# The answers below are written to GitHub's documentation, "Rate limits for the REST API"
+# (https://docs.github.com/en/rest/using-the-rest-api/rate-limits-for-the-rest-api),
+# section "Exceeding the rate limit": a spent primary limit is a 403 or 429 with
+# `x-ratelimit-remaining: 0` and the reset (UTC epoch seconds) in `x-ratelimit-reset`; a
+# secondary limit is a 403 or 429 whose message says so, with `retry-after` or without,
+# and its `x-ratelimit-remaining` may be well above 0. Without `retry-after` (and with
+# requests remaining) "wait for at least one minute before retrying", and longer —
+# "an exponentially increasing amount of time" — while the limit goes on.
+
+LIMITS_DOC = ("https://docs.github.com/rest/using-the-rest-api/rate-limits-for-the-rest-api"
+              "#exceeding-the-rate-limit")
+SECONDARY = {"message": "You have exceeded a secondary rate limit and have been temporarily "
+                        "blocked from content creation. Please retry your request again "
+                        "later.", "documentation_url": LIMITS_DOC}
+PRIMARY = {"message": "API rate limit exceeded for user ID 4242. If you reach out to GitHub "
+                      "Support for help, please include the request ID "
+                      "8C1A:2B3C:4D5E6F:7A8B9C:0D1E2F3A.", "documentation_url": LIMITS_DOC}
+NO_PERMISSION = {"message": "Resource not accessible by personal access token",
+                 "documentation_url": "https://docs.github.com/rest/commits/statuses"
+                                      "#create-a-commit-status", "status": "403"}
+
+
+def _limit_headers(remaining: int, reset: float, **more: str) -> dict[str, str]:
+    """The x-ratelimit-* headers GitHub sends with every answer (the primary limit)."""
+    return {"x-ratelimit-limit": "5000", "x-ratelimit-remaining": str(remaining),
+            "x-ratelimit-used": str(5000 - remaining), "x-ratelimit-reset": str(int(reset)),
+            "x-ratelimit-resource": "core", **more}
+
+
+@dataclass
+class ScriptedGitHub(FakeServices):
+    """The fake services, whose GitHub answers the scripted (status, headers, body)s
+    first, one per request."""
+
+    script: list[tuple[int, dict[str, str], dict[str, Any]]] = field(default_factory=list)
+
+    def answer_next(self, status: int, headers: dict[str, str], body: dict[str, Any]) -> None:
+        with self._lock:
+            self.script.append((status, headers, body))
+
+    async def _answer(self, service: str, request: web.Request,
+                      normal: web.Response) -> web.Response:
+        with self._lock:
+            scripted = self.script.pop(0) if service == GITHUB and self.script else None
+        if scripted is None:
+            return await super()._answer(service, request, normal)
+        status, headers, body = scripted
+        return web.json_response(body, status=status, headers=headers)
+
+
+def test_github_rate_limits_are_waited_out_and_a_plain_403_is_given_up(
+        migrated_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit status GitHub rate-limits is posted again once the limit allows it —
+    never given up, so a required check is not left `pending` — while a 403 that is no
+    rate limit (no permission) is given up at once (answers: see LIMITS_DOC above)."""
+    clock = [1000.0]  # the notifier's monotonic clock, moved by hand
+    monkeypatch.setattr(github_status, "_clock", lambda: clock[0])
+    with ScriptedGitHub(token="ghs_test_token_0123456789").running() as fake:
+        _env(monkeypatch, fake, fake.token)
+
+        async def body(deps: Deps) -> None:
+            key = await _status(deps.db, "request/q/1", "pending", "pending")
+
+            async def retried_after(status: int, headers: dict[str, str],
+                                    answer: dict[str, Any]) -> float:
+                fake.answer_next(status, headers, answer)
+                await _make_due(deps.db)
+                assert (await notify.send_notifications(deps, _sink)).results \
+                    == [(key, "retried")]
+                row = await _row(deps.db, key)
+                assert row["outcome"] is None
+                assert row["last_error"].startswith(f"GitHub answered HTTP {status}: ")
+                return float(row["due_in"])
+
+            now = time.time()
+            # a secondary limit without retry-after, with requests left: at least a minute
+            assert 58 < await retried_after(403, _limit_headers(4321, now + 3000),
+                                            SECONDARY) <= 60.5
+            # one with retry-after: that long
+            assert 28 < await retried_after(429, _limit_headers(4320, now + 3000,
+                                                                **{"retry-after": "30"}),
+                                            SECONDARY) <= 30.5
+            # the primary limit spent: until its reset
+            assert 115 < await retried_after(403, _limit_headers(0, now + 120),
+                                             PRIMARY) <= 120.5
+            # a secondary limit that goes on: the waits grow with it (60, 120, 240 …)
+            clock[0] += 60
+            assert 58 < await retried_after(403, _limit_headers(4319, now + 3000),
+                                            SECONDARY) <= 60.5
+            clock[0] += 60
+            assert 118 < await retried_after(403, _limit_headers(4318, now + 3000),
+                                             SECONDARY) <= 120.5
+            clock[0] += 120
+            assert 238 < await retried_after(429, _limit_headers(4317, now + 3000),
+                                             SECONDARY) <= 240.5
+            clock[0] += 720  # and no longer than the sender's cap on any wait
+            assert notify.RETRY_AFTER_CAP - 2 < await retried_after(
+                403, _limit_headers(4316, now + 3000), SECONDARY) \
+                <= notify.RETRY_AFTER_CAP + 0.5
+            await _make_due(deps.db)  # GitHub takes it now
+            assert (await notify.send_notifications(deps, _sink)).results == [(key, "sent")]
+            assert (await _row(deps.db, key))["attempts"] == 8
+
+            # accepted: the next limit is waited out for a minute again
+            clock[0] += 10
+            second = await _status(deps.db, "request/q/2", "pending", "pending",
+                                   uri="fake://r/q-main/c2")
+            fake.answer_next(403, _limit_headers(4300, now + 3000), SECONDARY)
+            assert (await notify.send_notifications(deps, _sink)).results \
+                == [(second, "retried")]
+            assert 58 < (await _row(deps.db, second))["due_in"] <= 60.5
+
+            # no permission, requests left, no retry-after: not a rate limit, given up
+            third = await _status(deps.db, "request/q/3", "pending", "pending",
+                                  uri="fake://r/q-main/c3")
+            fake.answer_next(403, _limit_headers(4299, now + 3000), NO_PERMISSION)
+            assert (await notify.send_notifications(deps, _sink)).results \
+                == [(third, "given_up")]
+            row = await _row(deps.db, third)
+            assert row["outcome"] == "given_up"
+            assert "Resource not accessible by personal access token" in row["last_error"]
+
+        _run(migrated_dsn, _queues(tmp_path, fake.github_api), body)
+        assert [r.answered for r in fake.requests(GITHUB)] == [
+            403, 429, 403, 403, 403, 429, 403, 201, 403, 403]

@@ -1,16 +1,20 @@
-"""What GitHub and GitLab push webhooks say (streams/web/pushes.py), and how a hosted
-repository is named from a git URL: pure functions, no server."""
+"""What GitHub and GitLab push webhooks say (streams/web/pushes.py), which queues a push
+moves (streams/web/webhooks.py `watching`), and how a hosted repository is named from a
+git URL: pure functions, no server."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+import yaml
 
+from streams.config.queues import load_queues
 from streams.extensions.sourcecontrol.gituri import repository_path
 from streams.web.pushes import (
     BadPayload,
@@ -20,9 +24,11 @@ from streams.web.pushes import (
     delivery_id,
     github_event,
     github_signature_matches,
+    gitlab_delivery_id,
     gitlab_event,
     gitlab_token_matches,
 )
+from streams.web.webhooks import watching
 
 SHA = "9" * 40
 JSON = "application/json"
@@ -37,11 +43,38 @@ def github_push(ref: str = "refs/heads/main", **extra: Any) -> dict[str, Any]:
             "repository": {"full_name": "acme/monorepo", "name": "monorepo"}, **extra}
 
 
-def gitlab_push(ref: str = "refs/heads/main", after: str = SHA,
-                **extra: Any) -> dict[str, Any]:
-    return {"object_kind": "push", "event_name": "push", "ref": ref, "after": after,
-            "checkout_sha": after, "project": {"path_with_namespace": "group/sub/project"},
-            **extra}
+GITLAB = "https://gitlab.example.com"
+
+
+def gitlab_project(path: str = "group/sub/project", project_id: int = 41,
+                   base: str = GITLAB) -> dict[str, Any]:
+    """A push's ``project`` object as GitLab's "Webhook events" documentation shows it
+    (https://docs.gitlab.com/user/project/integrations/webhook_events/#push-events)."""
+    host = base.split("://", 1)[1].split("/", 1)[0]
+    return {"id": project_id, "name": path.rsplit("/", 1)[-1], "description": "",
+            "web_url": f"{base}/{path}", "avatar_url": None,
+            "git_ssh_url": f"git@{host}:{path}.git", "git_http_url": f"{base}/{path}.git",
+            "namespace": path.split("/")[0], "visibility_level": 0,
+            "path_with_namespace": path, "default_branch": "main",
+            "homepage": f"{base}/{path}", "url": f"git@{host}:{path}.git",
+            "ssh_url": f"git@{host}:{path}.git", "http_url": f"{base}/{path}.git"}
+
+
+def gitlab_push(ref: str = "refs/heads/main", after: str = SHA, *,
+                project: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """A push hook's payload as GitLab's "Webhook events" documentation describes it
+    (section "Push events"; our own values)."""
+    project = project or gitlab_project()
+    return {"object_kind": "push", "event_name": "push", "before": "1" * 40,
+            "after": after, "ref": ref, "ref_protected": True, "checkout_sha": after,
+            "user_id": 7, "user_name": "Ada Lovelace", "user_username": "ada",
+            "user_email": "", "user_avatar": None, "project_id": project["id"],
+            "project": project,
+            "repository": {"name": project["name"], "url": project["git_ssh_url"],
+                           "description": "", "homepage": project["web_url"],
+                           "git_http_url": project["git_http_url"],
+                           "git_ssh_url": project["git_ssh_url"], "visibility_level": 0},
+            "commits": [], "total_commits_count": 0, **extra}
 
 
 # --- authenticity --------------------------------------------------------------------------
@@ -144,11 +177,18 @@ def test_unreadable_github_deliveries(event: str, content_type: str, body: bytes
 
 
 def test_a_gitlab_push_to_a_branch_and_a_system_hook_push() -> None:
-    expected = Push(repository="group/sub/project", branch="main", after=SHA)
-    assert gitlab_event("Push Hook", _body(gitlab_push())) == expected
+    pushed = gitlab_event("Push Hook", _body(gitlab_push()))
+    assert isinstance(pushed, Push)
+    assert (pushed.repository, pushed.branch, pushed.after, pushed.prefix) == (
+        "group/sub/project", "main", SHA, "")
+    # a system hook's push (GitLab's "System hooks" page): no object_kind, no project.id
     system = gitlab_push()
     del system["object_kind"]
-    assert gitlab_event("System Hook", _body(system)) == expected
+    system["project"] = {k: v for k, v in system["project"].items() if k != "id"}
+    assert gitlab_event("System Hook", _body(system)) == pushed  # the same push
+    # GitLab 11 and older: no event_name, no ref_protected
+    old = {k: v for k, v in gitlab_push().items() if k not in ("event_name", "ref_protected")}
+    assert gitlab_event("Push Hook", _body(old)) == pushed
 
 
 @pytest.mark.parametrize(("event", "payload", "reason"), [
@@ -175,6 +215,99 @@ def test_gitlab_deliveries_that_ask_nothing(event: str, payload: dict[str, Any],
 def test_unreadable_gitlab_deliveries(event: str, body: bytes, message: str) -> None:
     with pytest.raises(BadPayload, match=message):
         gitlab_event(event, body)
+
+
+EVENT_UUID = "0b6c3f6e-5d7a-4f8e-9a61-2c4d8e1f7a90"
+
+
+def _gitlab_id(body: bytes, key: str | None = None, event_uuid: str | None = None,
+               event: str = "Push Hook") -> str:
+    return gitlab_delivery_id(key, event_uuid, body, gitlab_event(event, body))
+
+
+def test_one_event_uuid_for_two_projects_is_two_gitlab_deliveries() -> None:
+    """GitLab gives every hook one request fires the same X-Gitlab-Event-UUID ("Webhook
+    events"; "Webhooks": the UUID identifies the originating request, Idempotency-Key the
+    delivery): the UUID alone would take the second project's push for the first's."""
+    one = _body(gitlab_push(project=gitlab_project("group/one", 1)))
+    two = _body(gitlab_push(project=gitlab_project("group/two", 2)))
+    first = _gitlab_id(one, event_uuid=EVENT_UUID)
+    assert first.startswith(EVENT_UUID + "/") and len(first) == len(EVENT_UUID) + 33
+    assert _gitlab_id(two, event_uuid=EVENT_UUID) != first
+    # the same hook sent again — byte for byte, or serialised anew — is one delivery
+    assert _gitlab_id(one, event_uuid=EVENT_UUID) == first
+    assert _gitlab_id(json.dumps(json.loads(one), indent=2).encode(),
+                      event_uuid=EVENT_UUID) == first
+    # and so is the system hook of the same push (same project, ref, before, after)
+    system = json.loads(one)
+    del system["object_kind"]
+    assert _gitlab_id(_body(system), event_uuid=EVENT_UUID, event="System Hook") == first
+    # another push of the project under that UUID is another delivery
+    later = _body(gitlab_push(after="2" * 40, project=gitlab_project("group/one", 1)))
+    assert _gitlab_id(later, event_uuid=EVENT_UUID) != first
+
+
+def test_a_gitlab_idempotency_key_decides_alone() -> None:
+    one = _body(gitlab_push(project=gitlab_project("group/one", 1)))
+    two = _body(gitlab_push(project=gitlab_project("group/two", 2)))
+    assert _gitlab_id(one, "key-1", EVENT_UUID) == "key-1" == _gitlab_id(two, "key-1")
+    assert _gitlab_id(one, "key-2", EVENT_UUID) == "key-2"
+    assert _gitlab_id(one, "  ", EVENT_UUID) == _gitlab_id(one, None, EVENT_UUID)
+    with pytest.raises(BadPayload, match="delivery id"):
+        _gitlab_id(one, "has space", EVENT_UUID)
+    with pytest.raises(BadPayload, match="delivery id"):
+        _gitlab_id(one, None, "has space")
+
+
+def test_a_gitlab_delivery_without_ids_or_that_is_no_push() -> None:
+    one = _body(gitlab_push())
+    assert _gitlab_id(one) == delivery_id(None, one)  # no header: the body's digest
+    merge = _body({"object_kind": "merge_request"})
+    assert _gitlab_id(merge, event_uuid=EVENT_UUID, event="Merge Request Hook") == (
+        f"{EVENT_UUID}/{hashlib.sha256(merge).hexdigest()[:32]}")
+
+
+def _queues(tmp_path: Path, repositories: dict[str, str]) -> Any:
+    """Queues validating ``main`` of each repository (in name order: safe_dump sorts)."""
+    path = tmp_path / "queues.yaml"
+    path.write_text(yaml.safe_dump({"defaults": {"build_runner": {"kind": "fake"}},
+                                    "queues": {name: {"source_control": {
+                                        "kind": "git", "repository": url, "ref": "main"}}
+                                        for name, url in repositories.items()}}))
+    return load_queues(path)
+
+
+def test_a_gitlab_served_under_a_path_prefix_moves_its_queues(tmp_path: Path) -> None:
+    """GitLab under a relative URL root: project URLs carry the prefix
+    (https://example.com/gitlab/group/project), ``path_with_namespace`` does not."""
+    queues = _queues(tmp_path, {
+        "https/main": "https://example.com/gitlab/group/project.git",
+        "ssh/main": "git@example.com:group/project.git",  # no prefix over ssh
+        "token/main": "https://oauth2:glpat-SECRET@example.com/gitlab/group/project",
+        "other/main": "https://example.com/gitlab/mygroup/project.git",
+        "deeper/main": "https://example.com/gitlab/sub/group/project.git",
+        "root/main": "https://example.com/gitlab/project.git",
+    })
+    prefixed = gitlab_push(project=gitlab_project("group/project", 5,
+                                                  "https://example.com/gitlab"))
+    push = gitlab_event("Push Hook", _body(prefixed))
+    assert isinstance(push, Push) and push.prefix == "gitlab"
+    assert watching(queues, push) == ("https/main", "ssh/main", "token/main")
+    # a delivery that names no URL of the project: any prefix, on a segment boundary
+    bare = {**prefixed, "project": {"path_with_namespace": "group/project"}}
+    push = gitlab_event("Push Hook", _body(bare))
+    assert isinstance(push, Push) and push.prefix is None
+    assert watching(queues, push) == ("deeper/main", "https/main", "ssh/main", "token/main")
+    # an instance at the root of its host: its gitlab/group/project is another project
+    rooted = gitlab_event("Push Hook", _body(gitlab_push(project=gitlab_project(
+        "group/project", 6, "https://example.com"))))
+    assert isinstance(rooted, Push) and rooted.prefix == ""
+    assert watching(queues, rooted) == ("ssh/main",)
+    # GitHub names the whole path: never by a suffix
+    github = github_event("push", JSON, _body(github_push(
+        repository={"full_name": "group/project", "name": "project"})))
+    assert isinstance(github, Push)
+    assert watching(queues, github) == ("ssh/main",)
 
 
 # --- naming a hosted repository from its URL -----------------------------------------------

@@ -107,11 +107,64 @@ def github_push(branch: str = "main", repository: str = "acme/monorepo",
             **extra}
 
 
+def big_github_push(commits: int = 2048) -> dict[str, Any]:
+    """A push of ``commits`` commits as GitHub's "Webhook events and payloads" describes
+    it (https://docs.github.com/webhooks/webhook-events-and-payloads#push: ``commits``
+    holds at most 2,048 commit objects — id, tree_id, distinct, message, timestamp, url,
+    author, committer, added, removed, modified — and a payload is capped at 25 MB). Our
+    own commits, each about 3 KB like a commit of a large monorepo change: 2,048 of them
+    make about 6.4 MB."""
+    def sha(n: int, kind: int) -> str:
+        return hashlib.sha1(f"{kind}:{n}".encode()).hexdigest()
+
+    person = {"name": "Ada Lovelace", "email": "ada@example.com", "username": "ada"}
+    web = {"name": "GitHub", "email": "noreply@github.com", "username": "web-flow"}
+    listed = [{
+        "id": sha(n, 0), "tree_id": sha(n, 1), "distinct": True,
+        "message": f"payments: step {n} of the ledger migration\n\n" + "Moves one more "
+                   "table of the ledger to the new schema, keeps the old reader working "
+                   "behind the flag, and adds the backfill job for the rows written "
+                   "before the switch. " * 9,
+        "timestamp": "2026-01-05T10:00:00+01:00",
+        "url": f"https://github.com/acme/monorepo/commit/{sha(n, 0)}",
+        "author": person, "committer": web,
+        "added": [f"services/payments/ledger/migrations/{n:04d}_step.sql"],
+        "removed": [],
+        "modified": [f"services/payments/ledger/tables/table_{k:02d}/reader.py"
+                     for k in range(20)],
+    } for n in range(commits)]
+    return github_push(before=sha(-1, 0), after=SHA, commits=listed,
+                       head_commit=listed[-1], compare="https://github.com/acme/monorepo/"
+                       f"compare/{sha(-1, 0)[:12]}...{SHA[:12]}",
+                       pusher={"name": "ada", "email": "ada@example.com"},
+                       sender={"login": "ada", "id": 1, "type": "User"})
+
+
 def gitlab_push(branch: str = "main", project: str = "group/sub/project",
-                after: str = SHA, **extra: Any) -> dict[str, Any]:
-    return {"object_kind": "push", "event_name": "push", "ref": f"refs/heads/{branch}",
-            "before": "0" * 40, "after": after, "checkout_sha": after,
-            "project": {"path_with_namespace": project}, "commits": [], **extra}
+                after: str = SHA, project_id: int = 41, **extra: Any) -> dict[str, Any]:
+    """A push hook's payload as GitLab's "Webhook events" documentation describes it
+    (https://docs.gitlab.com/user/project/integrations/webhook_events/#push-events), with
+    our own values."""
+    base = "https://gitlab.example.com"
+    ssh = f"git@gitlab.example.com:{project}.git"
+    return {"object_kind": "push", "event_name": "push", "before": "0" * 40,
+            "after": after, "ref": f"refs/heads/{branch}", "ref_protected": True,
+            "checkout_sha": after, "user_id": 7, "user_name": "Ada Lovelace",
+            "user_username": "ada", "user_email": "", "user_avatar": None,
+            "project_id": project_id,
+            "project": {"id": project_id, "name": project.rsplit("/", 1)[-1],
+                        "description": "", "web_url": f"{base}/{project}",
+                        "avatar_url": None, "git_ssh_url": ssh,
+                        "git_http_url": f"{base}/{project}.git",
+                        "namespace": project.split("/")[0], "visibility_level": 0,
+                        "path_with_namespace": project, "default_branch": "main",
+                        "homepage": f"{base}/{project}", "url": ssh, "ssh_url": ssh,
+                        "http_url": f"{base}/{project}.git"},
+            "repository": {"name": project.rsplit("/", 1)[-1], "url": ssh,
+                           "description": "", "homepage": f"{base}/{project}",
+                           "git_http_url": f"{base}/{project}.git", "git_ssh_url": ssh,
+                           "visibility_level": 0},
+            "commits": [], "total_commits_count": 0, **extra}
 
 
 def assert_ignored(reply: Reply, *fragments: str) -> None:
@@ -205,10 +258,12 @@ def test_a_signed_github_push_ingests_every_queue_watching_its_branch(
     assert_error(web.github({"ref": "refs/heads/main"}), 400, "no 'repository' object")
     assert_error(web.github(github_push(), event=""), 400, "missing the X-GitHub-Event")
     assert_error(web.github(github_push(), delivery="has space"), 400, "delivery id")
-    big = b" " * (5 * 1024 * 1024 + 1)
-    assert_error(web.github(None, body=big), 413, "larger than 5242880 bytes")
-    assert_error(web.send("/webhooks/github", iter([big[:4096]] * 1281), {
+    # over GitHub's 25 MB cap: refused by its Content-Length, or while read (chunked)
+    big = b" " * (25 * 1024 * 1024 + 1)
+    assert_error(web.github(None, body=big), 413, "larger than 26214400 bytes")
+    assert_error(web.send("/webhooks/github", iter([big[:65536]] * 401), {
         "Content-Type": "application/json", "X-GitHub-Event": "push"}), 413)
+    del big
     assert_error(web.call("GET", "/webhooks/github"), 405)
     assert_error(web.post("/api/queues/team/main/ingest", token=None), 401)  # API: token
     assert web.states() == nothing
@@ -224,10 +279,24 @@ def test_a_signed_github_push_ingests_every_queue_watching_its_branch(
     # the same head pushed again (a new delivery): its existing Requests, nothing new
     same = web.github(github_push(), delivery="d-3")
     assert (same.status, [i["new"] for i in same.body["ingested"]]) == (200, [False, False])
+
+    # a push of 2,048 commits, GitHub's most (about 6.4 MB; the old 5 MB cap refused it)
+    web.repo.push("main", "c3")
+    payload = json.dumps(big_github_push()).encode()
+    assert 6_000_000 < len(payload) < 7_000_000, len(payload)
+    large = web.github(None, body=payload, delivery="d-4")
+    assert large.status == 201, large.text
+    assert [i["request_id"] for i in large.body["ingested"]] == [
+        "request/team/lint/3", "request/team/main/3"]
+    web.wait_quiet()
+    assert web.states() == {**nothing, "request/team/main/2": "failed",
+                            "request/team/lint/2": "failed",
+                            "request/team/main/3": "succeeded",
+                            "request/team/lint/3": "succeeded"}
     assert web.exact_outcome_problems() == []
 
     counts = webhook_counts(web)
-    assert counts[("github", "ingested")] == 3
+    assert counts[("github", "ingested")] == 4
     assert counts[("github", "duplicate")] == 1
     assert counts[("github", "rejected")] == 5
     assert counts[("github", "ping")] == 1
@@ -268,9 +337,9 @@ def test_gitlab_push_hooks_by_token_and_github_not_set_up(web: HookPipeline) -> 
                  "no 'project.path_with_namespace' string")
     assert web.states() == {"request/group/main/1": "succeeded"}
 
-    # older GitLab: the event's UUID is the delivery id
+    # older GitLab: the event's UUID, with what the push is about, is the delivery id
     by_uuid = web.gitlab(gitlab_push(after="b2" * 20), event_uuid="event-2")
-    assert (by_uuid.status, by_uuid.body["delivery"]) == (201, "event-2")
+    assert by_uuid.status == 201 and by_uuid.body["delivery"].startswith("event-2/")
     assert by_uuid.body["ingested"][0]["request_id"] == "request/group/main/2"
     web.wait_quiet()
     # a system hook without any id: the same body twice is the same delivery
@@ -314,4 +383,57 @@ def test_identical_deliveries_at_once_ingest_once(web: HookPipeline) -> None:
     assert web.states() == {"request/team/main/1": "succeeded"}
     assert web.query("SELECT state, request_ids FROM webhook_delivery") == [
         ("ingested", ["request/team/main/1"])]
+    web.assert_secrets_never_shown()
+
+
+def test_gitlab_pushes_sharing_an_event_uuid_are_deliveries_of_their_own(
+        web: HookPipeline) -> None:
+    """GitLab gives every hook one request fires the same X-Gitlab-Event-UUID (so its
+    "Webhooks" page; Idempotency-Key, from 17.4, is the delivery's own): two projects'
+    pushes under one UUID are two deliveries, the same push sent again is one."""
+    # both validate `main` of the one test repository: each promotes a ref of its own
+    web.add_queue("one/main", ref="main", webhook_repository="group/one",
+                  promotion_ref="verified-one")
+    web.add_queue("two/main", ref="main", webhook_repository="group/two",
+                  promotion_ref="verified-two")
+    web.configure_webhooks({"gitlab": {"token_env": GITLAB_ENV}})
+    web.repo.push("main", "a1")
+    web.start_web_worker(env={GITLAB_ENV: GITLAB_TOKEN})
+    web.wait_healthy()
+
+    shared = str(uuid.uuid4())
+    one = gitlab_push(project="group/one", project_id=1, after="a1" * 20)
+    two = gitlab_push(project="group/two", project_id=2, after="a1" * 20)
+    first = web.gitlab(one, event_uuid=shared)
+    second = web.gitlab(two, event_uuid=shared)
+    assert (first.status, second.status) == (201, 201), (first.text, second.text)
+    assert first.body["ingested"] == [
+        {"queue": "one/main", "request_id": "request/one/main/1", "new": True}]
+    assert second.body["ingested"] == [
+        {"queue": "two/main", "request_id": "request/two/main/1", "new": True}]
+    assert first.body["delivery"] != second.body["delivery"]
+    web.wait_quiet()
+
+    # the branch moves; GitLab retries the first project's hook: already ingested
+    web.repo.push("main", "b2")
+    again = web.gitlab(one, event_uuid=shared)
+    assert (again.status, again.body["already_ingested"]) == (200, True), again.text
+    assert again.body["delivery"] == first.body["delivery"]
+    assert again.body["ingested"] == [{"queue": "one/main",
+                                       "request_id": "request/one/main/1"}]
+
+    # with Idempotency-Key the key decides: a new key is a new delivery (it ingests the
+    # branch's head now), the same key again is that delivery, whatever the UUID says
+    keyed = web.gitlab(two, idempotency_key="key-1", event_uuid=shared)
+    assert (keyed.status, keyed.body["delivery"]) == (201, "key-1"), keyed.text
+    assert keyed.body["ingested"][0]["request_id"] == "request/two/main/2"
+    resent = web.gitlab(two, idempotency_key="key-1", event_uuid=str(uuid.uuid4()))
+    assert (resent.status, resent.body["already_ingested"]) == (200, True), resent.text
+    web.wait_quiet()
+    assert web.states() == {"request/one/main/1": "succeeded",
+                            "request/two/main/1": "succeeded",
+                            "request/two/main/2": "succeeded"}
+    assert sorted(d for (d,) in web.query("SELECT delivery_id FROM webhook_delivery")) \
+        == sorted([first.body["delivery"], second.body["delivery"], "key-1"])
+    assert web.exact_outcome_problems() == []
     web.assert_secrets_never_shown()

@@ -14,9 +14,14 @@ Provider facts relied on (their public webhook documentation):
 - GitLab sends the webhook's secret token as it is in ``X-Gitlab-Token``;
   ``X-Gitlab-Event`` is ``Push Hook`` (``System Hook`` for an instance's system hooks,
   whose push payload has ``event_name: push``). ``Idempotency-Key`` (GitLab 17.4 and
-  later) is kept by retries and resends; older versions send ``X-Gitlab-Event-UUID``,
-  one per event. A push names ``ref``, ``after`` (all zeros when the branch was deleted)
-  and ``project.path_with_namespace``.
+  later) is kept by retries and resends of one delivery. ``X-Gitlab-Event-UUID`` is not
+  one delivery's: GitLab gives the same UUID to every hook that one originating request
+  fires (pushes to several projects, a project hook and a system hook), so it identifies
+  a delivery only together with what the hook is about (`gitlab_delivery_id`). A push
+  names ``ref``, ``before``, ``after`` (all zeros when the branch was deleted), the
+  project (``project_id``, ``project.path_with_namespace``) and the project's URLs
+  (``project.web_url``, ``project.git_http_url``), which carry the instance's path
+  prefix when it is served under one (``https://example.com/gitlab/group/project``).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from streams.runtime.logs import bounded
 
@@ -36,17 +41,41 @@ _DELIVERY_ID = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
 _ZEROS = re.compile(r"0+")
 
 
+Body = bytes | bytearray  # a delivery's raw body, read once (see streams.web.webhooks)
+
+
 class BadPayload(ValueError):
     """A delivery Stovepipe cannot read (answered 400): the message says what is wrong."""
 
 
 @dataclass(frozen=True)
 class Push:
-    """A branch moved: ``branch`` of the hosted ``repository`` (``acme/monorepo``)."""
+    """A branch moved: ``branch`` of the hosted ``repository`` (``acme/monorepo``).
+
+    ``prefix`` is the path the provider's instance is served under, as the delivery
+    states it: ``""`` none (github.com, or a GitLab at the root of its host), ``"gitlab"``
+    for ``https://example.com/gitlab/group/project``, None when the delivery does not
+    say (`names`). ``key`` tells this push from any other the same request fired (GitLab:
+    project, ref, before, after)."""
 
     repository: str
     branch: str
     after: str  # the commit the provider says the branch moved to (informational)
+    prefix: str | None = ""
+    key: str = ""
+
+    def names(self, hosted: str) -> bool:
+        """Whether a repository whose path on its host is ``hosted`` (a queue's
+        ``webhook_repository``, or the path in its git URL) is the one pushed to: the same
+        path, compared without regard to case, or that path under the instance's prefix —
+        on a path-segment boundary under any prefix when the delivery does not say which
+        (so ``gitlab/group/project`` is ``group/project``, ``mygroup/project`` is not)."""
+        hosted, wanted = hosted.casefold().strip("/"), self.repository.casefold()
+        if hosted == wanted:
+            return True
+        if self.prefix is None:
+            return hosted.endswith("/" + wanted)
+        return bool(self.prefix) and hosted == f"{self.prefix.casefold()}/{wanted}"
 
 
 @dataclass(frozen=True)
@@ -67,7 +96,7 @@ Event = Push | Ping | Ignored
 # --- authenticity ---------------------------------------------------------------------------
 
 
-def github_signature_matches(secret: str, body: bytes, signature: str) -> bool:
+def github_signature_matches(secret: str, body: Body, signature: str) -> bool:
     """Whether ``signature`` (``sha256=<hex>``) is the HMAC-SHA256 of ``body`` under
     ``secret``, compared in constant time."""
     expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
@@ -81,7 +110,7 @@ def gitlab_token_matches(secret: str, token: str) -> bool:
     return hmac.compare_digest(given, hashlib.sha256(secret.encode()).digest())
 
 
-def delivery_id(header: str | None, body: bytes) -> str:
+def delivery_id(header: str | None, body: Body) -> str:
     """The provider's delivery id, or ``sha256:<hex of the body>`` when it sent none (two
     deliveries with the same body are the same push). BadPayload for a malformed one."""
     if header is None or not header.strip():
@@ -93,10 +122,26 @@ def delivery_id(header: str | None, body: bytes) -> str:
     return value
 
 
+def gitlab_delivery_id(idempotency_key: str | None, event_uuid: str | None, body: Body,
+                       event: Event) -> str:
+    """GitLab's delivery id: ``Idempotency-Key`` when sent (GitLab 17.4 and later: one per
+    delivery, kept by its retries). Else ``X-Gitlab-Event-UUID`` with a digest of what
+    this hook is about — for a push its project, ref, before and after (`Push.key`), for
+    anything else the body — as ``<uuid>/<32 hex>``: the UUID is shared by every hook one
+    request fires, so pushes to two projects under one UUID are two deliveries, and the
+    same push sent again is one. Neither: a digest of the body (`delivery_id`)."""
+    if idempotency_key is not None and idempotency_key.strip():
+        return delivery_id(idempotency_key, body)
+    if event_uuid is None or not event_uuid.strip():
+        return delivery_id(None, body)
+    about = event.key.encode() if isinstance(event, Push) and event.key else body
+    return f"{delivery_id(event_uuid, body)}/{hashlib.sha256(about).hexdigest()[:32]}"
+
+
 # --- GitHub ---------------------------------------------------------------------------------
 
 
-def github_event(event: str, content_type: str, body: bytes) -> Event:
+def github_event(event: str, content_type: str, body: Body) -> Event:
     """What a verified GitHub delivery of ``event`` (``X-GitHub-Event``) asks."""
     if not event:
         raise BadPayload("missing the X-GitHub-Event header")
@@ -116,7 +161,7 @@ def github_event(event: str, content_type: str, body: bytes) -> Event:
     return Push(repository=repository, branch=branch, after=_sha(payload.get("after")))
 
 
-def _github_payload(content_type: str, body: bytes) -> dict[str, Any]:
+def _github_payload(content_type: str, body: Body) -> dict[str, Any]:
     if content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded":
         try:
             fields = parse_qs(body.decode(), strict_parsing=True)
@@ -131,7 +176,7 @@ def _github_payload(content_type: str, body: bytes) -> dict[str, Any]:
 # --- GitLab ---------------------------------------------------------------------------------
 
 
-def gitlab_event(event: str, body: bytes) -> Event:
+def gitlab_event(event: str, body: Body) -> Event:
     """What a verified GitLab delivery of ``event`` (``X-Gitlab-Event``) asks."""
     if not event:
         raise BadPayload("missing the X-Gitlab-Event header")
@@ -151,13 +196,35 @@ def gitlab_event(event: str, body: bytes) -> Event:
         return Ignored(f"branch {bounded(branch, 120)!r} was deleted")
     project = _object(payload, "project")
     repository = _text(project, "path_with_namespace", "project.path_with_namespace")
-    return Push(repository=repository, branch=branch, after=after)
+    project_id = payload.get("project_id", project.get("id"))
+    key = json.dumps(["gitlab-push", project_id if project_id is not None else repository,
+                      ref, _sha(payload.get("before")), after])
+    return Push(repository=repository, branch=branch, after=after,
+                prefix=_gitlab_prefix(project, repository), key=key)
+
+
+def _gitlab_prefix(project: dict[str, Any], repository: str) -> str | None:
+    """The path the GitLab instance is served under, read from the project's URL (which
+    ends with its path_with_namespace); None when the payload has no such URL."""
+    for field in ("web_url", "git_http_url", "http_url", "homepage"):
+        url = project.get(field)
+        if not isinstance(url, str):
+            continue
+        try:
+            path = urlsplit(url).path.strip("/").removesuffix(".git")
+        except ValueError:
+            continue
+        if path.casefold() == repository.casefold():
+            return ""
+        if path.casefold().endswith("/" + repository.casefold()):
+            return path[:-len(repository) - 1]
+    return None
 
 
 # --- reading JSON ----------------------------------------------------------------------------
 
 
-def _json_object(body: bytes) -> dict[str, Any]:
+def _json_object(body: Body) -> dict[str, Any]:
     try:
         payload = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:

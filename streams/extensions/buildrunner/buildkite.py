@@ -109,14 +109,21 @@ def status_of(state: str, blocked: bool) -> BuildStatus:
 
 
 def _rate_limit_wait(status: int, headers: Mapping[str, str], message: str) -> float | None:
-    """Buildkite answers a rate limit with 429 and the seconds until its window resets in
-    ``RateLimit-Reset`` (organization) and ``RateLimit-User-Reset`` (per user)."""
+    """Buildkite ("REST API rate limits", https://buildkite.com/docs/apis/rest-api/limits)
+    counts 200 requests a minute per organization and reports that limit on every answer:
+    ``RateLimit-Remaining``, ``RateLimit-Limit`` and ``RateLimit-Reset`` (seconds until
+    the window starts anew); once it is spent it answers 429 with ``RateLimit-Remaining:
+    0``, and nothing should be asked before ``RateLimit-Reset``. So a 429 waits for the
+    reset of the limit it reports exhausted. A 429 whose ``RateLimit-Remaining`` is above
+    0 was refused by some other limit, which that reset says nothing about: None (the
+    caller then waits ``Retry-After``, else its default minute)."""
     if status != 429:
         return None
-    resets = [number_header(headers, name)
-              for name in ("ratelimit-reset", "ratelimit-user-reset")]
-    known = [max(0.0, r) for r in resets if r is not None]
-    return max(known) if known else None
+    reset = number_header(headers, "ratelimit-reset")
+    remaining = number_header(headers, "ratelimit-remaining")
+    if reset is None or (remaining is not None and remaining > 0):
+        return None
+    return max(0.0, reset)
 
 
 @spec_dataclass(frozen=True, config=SPEC)

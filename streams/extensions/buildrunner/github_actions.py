@@ -8,7 +8,10 @@ Endpoints (GitHub REST API, https://docs.github.com/rest/actions):
   (empty for a full build), a correlation id, and the queue's extra inputs — and
   ``return_run_details: true``, so GitHub answers ``200`` with the ``workflow_run_id`` it
   started. A GitHub that answers ``204`` without it (GitHub Enterprise Server before the
-  feature) is asked for the run instead, below, for up to ``run_search`` seconds;
+  feature) is asked for the run instead, below, for up to ``run_search`` seconds; one that
+  refuses the parameter (``400`` or ``422``: no run started) is sent the dispatch again at
+  once without it, its run is looked for the same way, and the runner remembers that its
+  server does not know the parameter;
 - ``GET /repos/{owner}/{repo}/actions/workflows/{workflow}/runs?event=workflow_dispatch
   &branch=<ref>&created=>=<time>`` finds a run by its correlation id, which the workflow
   must put in its ``run-name`` (so it is the run's ``display_title``). Before dispatching,
@@ -53,9 +56,11 @@ succeeded. (4) an unknown status is never green; the poll deadline ends it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -75,6 +80,7 @@ from streams.extensions.buildrunner.hosted import (
     TokenEnvName,
     correlation_id,
     number_header,
+    retry_after_seconds,
 )
 from streams.schema.fields import SPEC, Duration
 
@@ -88,6 +94,9 @@ RUN_SEARCH_POLL = 2.0  # seconds between two looks for the run
 CLOCK_MARGIN = 300.0  # seconds: runs created "before" a dispatch by another clock
 PAGES = 10  # GitHub lists at most 1,000 runs for a filtered search
 PER_PAGE = 100
+MAX_INPUTS = 25  # GitHub: a workflow_dispatch event has at most 25 inputs
+
+log = logging.getLogger("stovepipe.buildrunner.github_actions")
 _REPOSITORY = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 _WORKFLOW = re.compile(r"[A-Za-z0-9_.-]+\.ya?ml|[1-9][0-9]*")
 _INPUT = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
@@ -123,19 +132,54 @@ def status_of(status: str, conclusion: str | None) -> BuildStatus:
     return CONCLUSIONS.get(conclusion, BuildStatus.FAILED)
 
 
-def _rate_limit_wait(status: int, headers: Mapping[str, str], message: str) -> float | None:
-    """GitHub answers a rate limit with 403 or 429: the primary limit with
-    ``x-ratelimit-remaining: 0`` and the reset time (epoch seconds) in
-    ``x-ratelimit-reset``, a secondary limit with a message saying so (and perhaps
-    ``retry-after``, which the caller reads first)."""
+SECONDARY_RATE_LIMIT_WAIT = 60.0  # GitHub: "wait for at least one minute before retrying"
+_RATE_LIMIT_WORDS = ("rate limit", "abuse detection")  # secondary limits' older name
+
+
+@dataclass(frozen=True)
+class GitHubRateLimit:
+    """An answer GitHub marks as a rate limit, and how long to leave it alone.
+    ``stated``: GitHub said how long (``retry-after``, or the reset of a spent primary
+    limit); otherwise ``wait`` is the documented minimum of a minute, and a caller that
+    keeps being limited should back off further (exponentially)."""
+
+    wait: float
+    stated: bool
+
+
+def github_rate_limit(status: int, headers: Mapping[str, str],
+                      message: str) -> GitHubRateLimit | None:
+    """What an answer of GitHub's REST API says about its rate limits (``headers`` with
+    lower-case names; ``message`` the answer's message or body); None when it is no rate
+    limit. The one classification of GitHub's rate limits, for the runner and the
+    commit-status notifier alike.
+
+    GitHub ("Rate limits for the REST API", *Exceeding the rate limit*) answers a spent
+    primary limit with 403 or 429 and ``x-ratelimit-remaining: 0`` (wait until the epoch
+    second in ``x-ratelimit-reset``), and a secondary limit with 403 or 429 and a message
+    saying so, sometimes with ``retry-after`` and often with ``x-ratelimit-remaining``
+    above 0 (wait ``retry-after`` if given, else at least a minute). A 403 that is none of
+    these (no permission, a blocked token) is no rate limit."""
     if status not in (403, 429):
         return None
+    asked = retry_after_seconds(headers.get("retry-after"))
+    if asked is not None:
+        return GitHubRateLimit(asked, stated=True)
     if headers.get("x-ratelimit-remaining", "").strip() == "0":
         reset = number_header(headers, "x-ratelimit-reset")
-        return max(0.0, reset - time.time()) if reset is not None else DEFAULT_RATE_LIMIT_WAIT
-    if "rate limit" in message.lower() or "retry-after" in headers:
-        return DEFAULT_RATE_LIMIT_WAIT
+        if reset is not None:
+            return GitHubRateLimit(max(0.0, reset - time.time()), stated=True)
+        return GitHubRateLimit(DEFAULT_RATE_LIMIT_WAIT, stated=False)
+    said = message.lower()
+    if status == 429 or "retry-after" in headers or any(w in said for w in _RATE_LIMIT_WORDS):
+        return GitHubRateLimit(SECONDARY_RATE_LIMIT_WAIT, stated=False)
     return None
+
+
+def _rate_limit_wait(status: int, headers: Mapping[str, str], message: str) -> float | None:
+    """`github_rate_limit`'s wait, as `HostedApi` asks for it."""
+    limit = github_rate_limit(status, headers, message)
+    return limit.wait if limit is not None else None
 
 
 def _pattern(regex: re.Pattern[str], what: str, example: str) -> Any:
@@ -189,6 +233,11 @@ class GitHubActionsBuildRunnerSpec:
         if clash:
             raise ValueError(f"inputs {clash} are set by Stovepipe (head_input, base_input, "
                              f"id_input)")
+        count = len(names) + len(self.inputs or {})
+        if count > MAX_INPUTS:
+            raise ValueError(f"a workflow_dispatch takes at most {MAX_INPUTS} inputs, and "
+                             f"this runner would send {count}: Stovepipe's 3 (head_input, "
+                             f"base_input, id_input) and {count - len(names)} under inputs")
         return self
 
     def build(self, context: ExtensionContext) -> GitHubActionsBuildRunner:
@@ -222,6 +271,9 @@ class GitHubActionsBuildRunner:
         self.run_search = run_search
         self.lookback = lookback
         self.search_poll = search_poll
+        # whether the server takes `return_run_details` (None: not known yet; False: it
+        # refused it with 400/422, an Enterprise Server without the feature)
+        self.run_details: bool | None = None
         self.api = HostedApi(PROVIDER, api_url, token_env, timeout=timeout,
                              headers={"Accept": "application/vnd.github+json",
                                       "X-GitHub-Api-Version": API_VERSION},
@@ -243,13 +295,28 @@ class GitHubActionsBuildRunner:
         head_input, base_input, id_input = self.input_names
         dispatched_at = time.time()
         dispatches = f"{self._workflow_path()}/dispatches"
-        answer = await self.api.call("POST", dispatches, expect=(200, 204), body={
+        body: dict[str, Any] = {
             "ref": ref,
             "inputs": {**self.inputs, head_input: commits.head.sha,
                        base_input: commits.base.sha if commits.base else "",
                        id_input: correlation},
-            "return_run_details": True,
-        })
+        }
+        if self.run_details is not False:
+            answer = await self.api.call("POST", dispatches, expect=(200, 204, 400, 422),
+                                         body={**body, "return_run_details": True})
+            if answer.status in (400, 422):
+                # an Enterprise Server that does not know the parameter refuses the whole
+                # dispatch (no run started): dispatch again at once without it
+                answer = await self.api.call("POST", dispatches, expect=(200, 204),
+                                             body=body)
+                self.run_details = False  # it took the dispatch without: remember that
+                log.warning("github_actions_dispatch_without_run_details api_url=%s "
+                            "workflow=%s: the server refused return_run_details; runs "
+                            "are found by their run-name", self.api.api_url, self.workflow)
+            else:
+                self.run_details = True
+        else:
+            answer = await self.api.call("POST", dispatches, expect=(200, 204), body=body)
         run_id = answer.body.get("workflow_run_id") if isinstance(answer.body, dict) else None
         if answer.status == 200 and isinstance(run_id, int) and _is_run_id(run_id):
             return self._build_id(self.repository, run_id)

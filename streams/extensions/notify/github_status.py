@@ -5,14 +5,22 @@
 may write commit statuses (classic: ``repo:status``; fine-grained: "Commit statuses:
 write"). A Request's statuses: ``pending`` when it is admitted to build, then ``success``
 with a green fact, ``failure`` with a red one, ``error`` when it ended without a fact
-(cancelled, or failed by a reconciler). GitHub answers 201; 401/403/404/422 are permanent
-(a bad token, no access, an unknown repository or commit), 403 with a rate limit, 429 and
-5xx are retried.
+(cancelled, or failed by a reconciler). GitHub answers 201; 401, 404, 422 and a 403 that
+is no rate limit are permanent (a bad token, no access, an unknown repository or commit),
+5xx and GitHub's rate limits are retried. A rate limit is read as the github_actions runner reads it
+(`github_actions.github_rate_limit`): a 403 or 429 with ``x-ratelimit-remaining: 0``
+waits until ``x-ratelimit-reset``, one with ``retry-after`` that long, and a secondary
+limit that says neither (a 403 or 429 whose message says "secondary rate limit", often
+with ``x-ratelimit-remaining`` above 0) a minute at first, then — while GitHub keeps limiting
+this notifier — as long as the limiting has lasted so far, so the waits double, up to
+`LIMIT_WAIT_CAP` (GitHub: "wait for at least one minute ... then for an exponentially
+increasing amount of time").
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 from urllib.parse import quote, urlsplit
@@ -20,6 +28,7 @@ from urllib.parse import quote, urlsplit
 from pydantic import BeforeValidator
 from pydantic.dataclasses import dataclass as spec_dataclass
 
+from streams.extensions.buildrunner.github_actions import github_rate_limit
 from streams.extensions.notify.contract import Notice, NotifyError
 from streams.extensions.notify.http import post_json
 from streams.extensions.sourcecontrol.gituri import repository_identity
@@ -29,6 +38,9 @@ DEFAULT_API_URL = "https://api.github.com"
 DEFAULT_CONTEXT = "stovepipe/validation"
 API_VERSION = "2022-11-28"
 DESCRIPTION_LIMIT = 140  # GitHub keeps descriptions short
+LIMIT_WAIT_CAP = 600.0  # seconds: the longest wait the sender honours (stages/notify.py)
+LIMIT_STREAK_GAP = 2 * LIMIT_WAIT_CAP  # seconds without a rate limit that end a streak
+_clock = time.monotonic
 _OWNER_REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 _GITHUB_REMOTE = re.compile(
     r"(?:https?://(?:[^/@]*@)?github\.com/|ssh://git@github\.com/|git@github\.com:)"
@@ -88,6 +100,10 @@ class GitHubStatusNotifier:
     def __init__(self, api_url: str, repository: str, token: str, context: str) -> None:
         self.api_url, self.repository, self.context = api_url.rstrip("/"), repository, context
         self._token = token
+        # monotonic seconds: when GitHub began limiting us without saying for how long,
+        # and when it last did (None: it is not limiting us)
+        self._limited_since: float | None = None
+        self._limited_last = 0.0
 
     def __repr__(self) -> str:  # never the token
         return f"GitHubStatusNotifier({self.api_url!r}, {self.repository!r})"
@@ -112,7 +128,23 @@ class GitHubStatusNotifier:
             "Authorization": f"Bearer {self._token}",
             "X-GitHub-Api-Version": API_VERSION,
             "User-Agent": "stovepipe",
-        })
+        }, rate_limit=self._rate_limit)
+        self._limited_since = None  # accepted: any limiting is over
+
+    def _rate_limit(self, status: int, headers: Mapping[str, str], body: str) -> float | None:
+        """Seconds to wait when GitHub's answer is a rate limit (see the module
+        docstring), None when it is not."""
+        limit = github_rate_limit(status, headers, body)
+        if limit is None:
+            return None
+        if limit.stated:
+            return limit.wait
+        now = _clock()
+        if self._limited_since is None or now - self._limited_last > LIMIT_STREAK_GAP:
+            self._limited_since = now
+        self._limited_last = now
+        # a minute at first; while it goes on, as long as it has lasted: 60, 60, 120, 240 …
+        return min(max(limit.wait, now - self._limited_since), LIMIT_WAIT_CAP)
 
 
 def describe(notice: Notice) -> str:

@@ -1,15 +1,15 @@
 """Posting JSON over HTTP for the notifiers, and the one classification of its failures.
 
 Retryable: HTTP 408, 429 and 5xx (with the service's Retry-After when it gives one),
-timeouts, refused or reset connections and other transport errors. Anything else a
-service answers is permanent. Error messages name the service and the status, never the
-URL (a Slack webhook URL is a secret) or a header.
+an answer the service's own ``rate_limit`` rule calls a rate limit (GitHub's 403s, with
+the wait that rule gives), timeouts, refused or reset connections and other transport
+errors. Anything else a service answers is permanent. Error messages name the service and
+the status, never the URL (a Slack webhook URL is a secret) or a header.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -23,46 +23,50 @@ _BODY_EXCERPT = 200  # characters of an error answer kept in the message
 _RETRYABLE_STATUSES = frozenset({408, 429})
 
 
+RateLimit = Callable[[int, Mapping[str, str], str], float | None]
+"""A service's own reading of an error answer (status, headers with lower-case names,
+body): the seconds to wait when the answer is a rate limit, None when it is not."""
+
+
 def retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds the service asked us to wait (Retry-After as seconds or an HTTP date; GitHub's
-    x-ratelimit-reset epoch when the rate limit is spent); None when it said nothing."""
+    """Seconds the service asked us to wait (Retry-After as seconds or an HTTP date);
+    None when it said nothing."""
     value = headers.get("Retry-After")
-    if value is not None:
-        value = value.strip()
-        if value.isdigit():
-            return float(value)
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        return max(0.0, (when - datetime.now(UTC)).total_seconds())
-    if headers.get("x-ratelimit-remaining") == "0":
-        reset = headers.get("x-ratelimit-reset", "")
-        if reset.isdigit():
-            return max(0.0, float(reset) - time.time())
-    return None
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def classify_answer(service: str, status: int, headers: Mapping[str, str],
-                    body: str) -> NotifyError:
-    """The error for a non-2xx answer."""
+                    body: str, rate_limit: RateLimit | None = None) -> NotifyError:
+    """The error for a non-2xx answer (``rate_limit``: the service's own rule, read
+    first)."""
     excerpt = " ".join(body.split())[:_BODY_EXCERPT]
     message = f"{service} answered HTTP {status}" + (f": {excerpt}" if excerpt else "")
-    wait = retry_after(headers)
+    limited = rate_limit(status, {k.lower(): v for k, v in headers.items()}, body) \
+        if rate_limit is not None else None
+    if limited is not None:
+        return NotifyError(message, retryable=True, retry_after=limited)
     if status in _RETRYABLE_STATUSES or status >= 500:
-        return NotifyError(message, retryable=True, retry_after=wait)
-    if status == 403 and wait is not None:  # GitHub's primary and secondary rate limits
-        return NotifyError(message, retryable=True, retry_after=wait)
+        return NotifyError(message, retryable=True, retry_after=retry_after(headers))
     return NotifyError(message, retryable=False)
 
 
 async def post_json(service: str, url: str, body: Any, *,
                     headers: Mapping[str, str] | None = None,
-                    seconds: float | None = None) -> None:
+                    seconds: float | None = None,
+                    rate_limit: RateLimit | None = None) -> None:
     """POST ``body`` as JSON to ``url`` within ``seconds`` (default DEFAULT_TIMEOUT);
-    NotifyError unless the answer is 2xx."""
+    NotifyError unless the answer is 2xx (``rate_limit``: see `classify_answer`)."""
     seconds = DEFAULT_TIMEOUT if seconds is None else seconds
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=seconds)) \
@@ -71,7 +75,7 @@ async def post_json(service: str, url: str, body: Any, *,
             if 200 <= answer.status < 300:
                 return
             text = await answer.text(errors="replace")
-            raise classify_answer(service, answer.status, answer.headers, text)
+            raise classify_answer(service, answer.status, answer.headers, text, rate_limit)
     except NotifyError:
         raise
     except aiohttp.InvalidURL:
