@@ -7,14 +7,31 @@ The broker and database are chosen in this order:
 
 Every test gets its own topic-name prefix and its own PostgreSQL schema, so tests can
 run in any order and never see each other's data.
+
+No test may leave a process behind. ``STOVEPIPE_TEST_SESSION=<uuid>`` is exported before
+anything starts, so every process the tests start carries it in its environment (unless
+a test hands it a bare environment of its own; those are still found as descendants of
+pytest while their parents live). After each test's teardown, the processes started
+since the session began that are still alive — descendants of this pytest process, or
+carrying this session's marker — are noted with the test that started them (module
+fixtures' processes, such as a throwaway stack, are noted with the first test of their
+module and are gone once the module's teardown ran). At the end of the session, any of
+them still alive after a short grace fails the session: each is named with its test,
+then stopped. The shared local stack (`stovepipe dev up`'s Kafka and PostgreSQL, found by
+their pid files, with their children) outlives the session by design and is exempt.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import signal
 import socket
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +45,168 @@ from streams.config import settings as settings_mod
 if TYPE_CHECKING:
     from tests.pipeline_support import Pipeline
     from tests.web_support import WebPipeline
+
+SESSION_ENV = "STOVEPIPE_TEST_SESSION"
+# exported at import, before any fixture or test starts a process: all of them inherit it
+os.environ[SESSION_ENV] = uuid.uuid4().hex
+LEFTOVER_GRACE = 15.0  # seconds the session's last processes get to finish stopping
+
+
+# --- no test leaves a process behind ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Proc:
+    pid: int
+    ppid: int
+    start: int  # clock ticks after boot: with the pid, it names one process
+    state: str
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.pid, self.start
+
+
+def _processes() -> dict[int, _Proc]:
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{name}/stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        found[int(name)] = _Proc(int(name), int(fields[1]), int(fields[19]), fields[0])
+    return found
+
+
+def _marked(pid: int, mark: bytes) -> bool:
+    try:
+        return mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def _command_line(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return " ".join(raw.decode(errors="replace").split("\0")).strip()[:200] or "?"
+
+
+@functools.cache
+def _shared_stack_pid_files() -> tuple[Path, ...]:
+    from streams.devstack.kafka import kafka_paths
+    from streams.devstack.postgres import pg_paths
+
+    settings = settings_mod.load_settings()
+    return kafka_paths(settings).pid, pg_paths(settings).pid
+
+
+def _shared_stack_pids() -> set[int]:
+    """The local stack's Kafka broker and PostgreSQL postmaster, by their pid files."""
+    pids = set()
+    for pid_file in _shared_stack_pid_files():
+        try:
+            first = pid_file.read_text().split("\n", 1)[0].strip()
+        except OSError:
+            continue
+        if first.isdigit():
+            pids.add(int(first))
+    return pids
+
+
+class _Leftovers:
+    """The processes the tests started, and which test started each (module docstring)."""
+
+    def __init__(self) -> None:
+        self.me = os.getpid()
+        self.mark = f"{SESSION_ENV}={os.environ[SESSION_ENV]}".encode()
+        self.before = {p.key for p in _processes().values()}  # not the tests' doing
+        self.started_by: dict[tuple[int, int], tuple[str, str]] = {}
+        self.found: list[str] = []
+
+    def _ours(self, procs: dict[int, _Proc]) -> list[_Proc]:
+        exempt = _shared_stack_pids()
+        ours = []
+        for proc in procs.values():
+            if proc.key in self.before or proc.pid == self.me or proc.state == "Z":
+                continue
+            ancestors = self._ancestors(proc, procs)
+            if exempt & {proc.pid, *ancestors}:
+                continue
+            if self.me in ancestors or _marked(proc.pid, self.mark):
+                ours.append(proc)
+        return ours
+
+    @staticmethod
+    def _ancestors(proc: _Proc, procs: dict[int, _Proc]) -> list[int]:
+        chain, seen = [], {proc.pid}
+        parent = procs.get(proc.ppid)
+        while parent is not None and parent.pid not in seen:
+            chain.append(parent.pid)
+            seen.add(parent.pid)
+            parent = procs.get(parent.ppid)
+        return chain
+
+    def after(self, nodeid: str) -> None:
+        """Note the processes still alive after ``nodeid``'s teardown that no earlier test
+        started."""
+        for proc in self._ours(_processes()):
+            if proc.key not in self.started_by:
+                self.started_by[proc.key] = (nodeid, _command_line(proc.pid))
+
+    def at_end(self) -> list[str]:
+        """What is still alive once every fixture is torn down (after `LEFTOVER_GRACE`
+        for processes still stopping), one line each; those processes are then stopped."""
+        deadline = time.monotonic() + LEFTOVER_GRACE
+        while True:
+            alive = self._ours(_processes())
+            if not alive or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        lines = []
+        for proc in alive:
+            test, command = self.started_by.get(
+                proc.key, ("the session's own teardown", _command_line(proc.pid)))
+            lines.append(f"{test}: pid {proc.pid}: {command}")
+        now = _processes()
+        for proc in alive:  # the report is made: do not leave them running either
+            if proc.pid in now and now[proc.pid].start == proc.start:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(proc.pid, signal.SIGKILL)
+        return sorted(lines)
+
+
+_LEFTOVERS = _Leftovers()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    try:
+        return (yield)
+    finally:  # setup, call and teardown of the item are over
+        _LEFTOVERS.after(item.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _LEFTOVERS.found = _LEFTOVERS.at_end()
+    if _LEFTOVERS.found:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _LEFTOVERS.found:
+        terminalreporter.write_sep("=", "processes left behind by tests", red=True,
+                                   bold=True)
+        for line in _LEFTOVERS.found:
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(
+            f"{len(_LEFTOVERS.found)} process(es) started by the tests above were still "
+            f"alive {LEFTOVER_GRACE:g} s after the session ended (now killed): the session "
+            f"fails. Stop what a test starts in its own teardown.")
 
 
 def _docker_answers() -> bool:

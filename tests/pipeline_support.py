@@ -6,11 +6,13 @@ fake source control's file stands in for the repository a developer pushes to.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -126,22 +128,34 @@ class Pipeline:
         self._log_index += 1
         web = ["--web-port", str(web_port)] if web_port else ["--no-web"]
         with open(self.root / f"worker-{self._log_index}.log", "wb") as log:
+            # a process group of its own: a wrapper (faketime forks the worker as its
+            # child) and the worker under it are stopped, and killed, together
             proc = subprocess.Popen([*(wrapper or []), *STOVEPIPE, "worker", "--loglevel",
                                      "info", *web],
                                     env={**self.env, **(env or {})}, stdout=log,
-                                    stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+                                    stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                    start_new_session=True)
         self.workers.append(proc)
         return proc
 
     def kill_worker(self, proc: subprocess.Popen[bytes]) -> None:
-        proc.send_signal(signal.SIGKILL)
+        """SIGKILL the worker and whatever runs in its process group (a wrapper's child)."""
+        family = _family(proc)
+        _signal(family, signal.SIGKILL)
         proc.wait(timeout=30)
+        _wait_gone(family, timeout=30)
 
     def stop_workers(self) -> None:
-        for proc in self.workers:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.workers:
+        """Stop every worker with SIGTERM — each with its process group, or, for a worker
+        started in the test's own group, its descendants — and wait until all of them are
+        gone (SIGKILL after 30 s): a wrapper's exit never leaves the worker it wrapped."""
+        families = [_family(proc) for proc in self.workers]
+        for family in families:
+            _signal(family, signal.SIGTERM)
+        for proc, family in zip(self.workers, families, strict=True):
+            if not _wait_gone(family, timeout=30):
+                _signal(family, signal.SIGKILL)
+                _wait_gone(family, timeout=30)
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -385,3 +399,70 @@ def produce_ingests(bootstrap: str, topics: TopicsConfig, queues: list[str]) -> 
         producer.produce(spec.full_name, key=queue.encode(),
                          value=marshal(IngestRequest(queue=queue)))
     assert producer.flush(30) == 0
+
+
+# -- process groups ------------------------------------------------------------------------
+
+Family = tuple[int | None, list[tuple[int, int]]]  # (process group, [(pid, start time)])
+
+
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, pgid, start time in clock ticks) of a process; None when gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
+
+
+def _family(proc: subprocess.Popen[bytes]) -> Family:
+    """The processes to stop with ``proc``: its process group when it leads one (a worker
+    started by `Pipeline.start_worker`), and ``proc`` with its living descendants either
+    way — found now, while their parents still live, since orphans lose their ancestry."""
+    stats = {int(name): stat for name in os.listdir("/proc") if name.isdigit()
+             and (stat := _stat(int(name))) is not None}
+    own = stats.get(proc.pid)
+    group = proc.pid if own is not None and own[2] == proc.pid else None
+    members = {proc.pid} if own is not None else set()
+    grew = True
+    while grew:
+        more = {pid for pid, (_, ppid, pgid, _) in stats.items()
+                if pid not in members and (ppid in members or pgid == group)}
+        members |= more
+        grew = bool(more)
+    return group, [(pid, stats[pid][3]) for pid in sorted(members)]
+
+
+def _alive(family: Family) -> bool:
+    group, members = family
+    for pid, start in members:
+        stat = _stat(pid)
+        if stat is not None and stat[3] == start and stat[0] != "Z":
+            return True
+    if group is None:
+        return False
+    return any(stat is not None and stat[2] == group and stat[0] != "Z"
+               for stat in (_stat(int(name)) for name in os.listdir("/proc")
+                            if name.isdigit()))
+
+
+def _signal(family: Family, sig: int) -> None:
+    group, members = family
+    if group is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, sig)
+    for pid, start in members:
+        stat = _stat(pid)
+        if stat is not None and stat[3] == start:  # the same process, not a reused pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+
+def _wait_gone(family: Family, *, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(family):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
