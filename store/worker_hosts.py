@@ -40,3 +40,12 @@ class WorkerHostStore(Store):
             {"host": host, "gap": gap}, key={"host": host})
         assert row is not None
         return float(row["up_for"])
+
+    async def count_alive(self, within: float) -> int:
+        """Hosts whose worker heartbeat within the last ``within`` seconds: the workers a
+        shared budget is divided among (`streams.extensions.budget`)."""
+        row = await self._fetch_one(
+            "SELECT count(*) AS alive FROM worker_host"
+            " WHERE heartbeat_at >= now() - make_interval(secs => %(within)s)",
+            {"within": within}, key={})
+        return int(row["alive"]) if row is not None else 0

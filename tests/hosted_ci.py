@@ -126,6 +126,13 @@ class FakeApi:
     def add_routes(self, router: web.UrlDispatcher) -> None:
         raise NotImplementedError
 
+    latency = 0.0
+
+    def limited(self) -> tuple[bool, dict[str, str]]:
+        """Whether a provider's rate limit refuses this request, and the headers saying
+        so (none by default)."""
+        return False, {}
+
     def unauthorized(self) -> web.Response:
         raise NotImplementedError
 
@@ -199,10 +206,18 @@ class FakeApi:
                 return web.Response(text=fault.body, status=fault.status,
                                     headers=fault.headers)
             return web.json_response(fault.body, status=fault.status, headers=fault.headers)
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        refused, limit_headers = self.limited()
+        if refused:
+            return web.json_response({"message": "You have exceeded your API rate limit"},
+                                     status=429, headers=limit_headers)
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return self.unauthorized()
         request[BODY] = body
-        return await handler(request)
+        answer = await handler(request)
+        answer.headers.update(limit_headers)
+        return answer
 
 
 def _page(items: list[dict[str, Any]], query: Any) -> list[dict[str, Any]]:
@@ -217,14 +232,44 @@ BK_CANCELLABLE = ("scheduled", "running", "failing")
 
 
 class FakeBuildkite(FakeApi):
-    """One organization's one pipeline (others are 404)."""
+    """One organization's pipelines (``pipeline``, plus ``more_pipelines``; others are
+    404). Build numbers are unique across them (Buildkite's are per pipeline; unique is a
+    case of that). With ``limit_per_minute`` it enforces Buildkite's REST limit ("REST API
+    rate limits", https://buildkite.com/docs/apis/rest-api/limits): that many requests per
+    organization per minute window, ``RateLimit-Remaining``/``-Limit``/``-Reset`` on every
+    answer and 429 once spent. ``latency`` delays every answer."""
 
     def __init__(self, token: str, organization: str = "acme",
-                 pipeline: str = "monorepo") -> None:
+                 pipeline: str = "monorepo", *, more_pipelines: tuple[str, ...] = (),
+                 limit_per_minute: int | None = None, latency: float = 0.0) -> None:
         super().__init__(token)
         self.organization, self.pipeline = organization, pipeline
+        self.pipelines = {pipeline, *more_pipelines}
         self.builds: dict[int, dict[str, Any]] = {}
         self.ignores_meta_data_filter = False  # plays a server that drops the filter
+        self.limit_per_minute = limit_per_minute
+        self.latency = latency
+        self.refused = 0  # 429s answered for the limit
+        self._window: tuple[float, int] = (0.0, 0)  # (window start, requests in it)
+
+    def limited(self) -> tuple[bool, dict[str, str]]:
+        """Count one request against the organization's minute; whether it is refused,
+        and the rate-limit headers to answer with."""
+        if self.limit_per_minute is None:
+            return False, {}
+        now = time.time()
+        with self.lock:
+            start, used = self._window
+            if now - start >= 60:
+                start, used = now, 0
+            used += 1
+            self._window = (start, used)
+            refused = used > self.limit_per_minute
+            self.refused += refused
+            headers = {"RateLimit-Limit": str(self.limit_per_minute),
+                       "RateLimit-Remaining": str(max(0, self.limit_per_minute - used)),
+                       "RateLimit-Reset": str(max(0, int(start + 60 - now)))}
+        return refused, headers
 
     def set_state(self, number: int, state: str, *, blocked: bool = False) -> None:
         with self.lock:
@@ -247,12 +292,15 @@ class FakeBuildkite(FakeApi):
 
     def _known(self, request: web.Request) -> bool:
         return (request.match_info["org"] == self.organization
-                and request.match_info["pipeline"] == self.pipeline)
+                and request.match_info["pipeline"] in self.pipelines)
 
     def _build(self, request: web.Request) -> dict[str, Any] | None:
         if not self._known(request):
             return None
-        return self.builds.get(int(request.match_info["number"]))
+        build = self.builds.get(int(request.match_info["number"]))
+        if build is None or build["pipeline"] != request.match_info["pipeline"]:
+            return None
+        return build
 
     async def _create(self, request: web.Request) -> web.Response:
         if not self._known(request):
@@ -263,15 +311,17 @@ class FakeBuildkite(FakeApi):
         if missing:
             return web.json_response({"message": "Validation Failed", "errors": [
                 {"field": f, "code": "missing"} for f in missing]}, status=422)
+        pipeline = request.match_info["pipeline"]
         with self.lock:
             number = len(self.builds) + 1
             build = {
                 "id": str(uuid.uuid4()), "number": number, "state": "scheduled",
+                "pipeline": pipeline,
                 "blocked": False, "commit": body["commit"], "branch": body["branch"],
                 "message": body.get("message", ""), "env": body.get("env") or {},
                 "meta_data": {k: str(v) for k, v in (body.get("meta_data") or {}).items()},
                 "source": "api", "created_at": _now_iso(), "jobs": [],
-                "web_url": f"https://buildkite.com/{self.organization}/{self.pipeline}"
+                "web_url": f"https://buildkite.com/{self.organization}/{pipeline}"
                            f"/builds/{number}",
             }
             self.builds[number] = build
@@ -284,9 +334,12 @@ class FakeBuildkite(FakeApi):
         wanted_meta = {key[len("meta_data["):-1]: value for key, value in query.items()
                        if key.startswith("meta_data[") and key.endswith("]")}
         states = query.getall("state[]", []) or query.getall("state", [])
+        since = query.get("created_from", "")
+        pipeline = request.match_info["pipeline"]
         with self.lock:
             found = [dict(b) for b in sorted(self.builds.values(), key=lambda b: -b["number"])
-                     if (self.ignores_meta_data_filter
+                     if b["pipeline"] == pipeline and (not since or b["created_at"] >= since)
+                     and (self.ignores_meta_data_filter
                          or all(b["meta_data"].get(k) == v for k, v in wanted_meta.items()))
                      and ("commit" not in query or b["commit"] == query["commit"])
                      and ("branch" not in query or b["branch"] == query["branch"])

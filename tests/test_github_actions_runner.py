@@ -481,4 +481,4 @@ def test_the_shipped_file_s_github_actions_example_is_valid(tmp_path: Path) -> N
         api_url="https://api.github.com", head_input="head", base_input="base",
         id_input="stovepipe_id", inputs={"suite": "full"},
         run_search=timedelta(seconds=30), lookback=timedelta(hours=1),
-        request_timeout=timedelta(seconds=10))
+        request_timeout=timedelta(seconds=10), requests_per_minute=41.7, batch_polls=True)

@@ -143,8 +143,11 @@ def test_a_webhook_burst_on_a_slow_git_host_delays_no_other_queue(
     # the other queue is validated as fast as ever, the heartbeats renewed on time
     assert max(quick_latencies) < 15, quick_latencies
     assert max(heartbeat_ages) < HEARTBEAT_GAP, heartbeat_ages
-    # every push was answered, as ingested (201 once, then 200: the same Request)
-    assert set(answers) <= {200, 201}, answers
+    # every push was answered: ingested (201 once, then 200: the same Request), or, when
+    # the shared resolve outlasted the handler's deadline on a loaded machine, 503 (the
+    # provider delivers it again); never an error of ours
+    assert set(answers) <= {200, 201, 503}, answers
+    assert answers.count(201) == 1 and answers.count(200) >= PUSHES // 2, answers
     slow = [r for (r,) in web.query("SELECT id FROM request WHERE queue = 'slow'")]
     assert len(slow) == 2  # c0, then c1 once however many pushes said so
     # a few resolutions, not one per push

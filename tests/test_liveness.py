@@ -275,7 +275,9 @@ def test_an_ingest_that_resolved_its_head_first_mints_it_first(pipeline: Pipelin
         read, go_on = asyncio.Event(), asyncio.Event()
         slow = deps.extensions.source_control("q")
 
-        async def pause_after_reading(call: str) -> None:  # A's head() answers late
+        async def pause_after_reading(call: str = "") -> None:  # A's head() answers late
+            if call != "head":
+                return
             read.set()
             await go_on.wait()
 

@@ -85,6 +85,11 @@ def test_degree_bounds() -> None:
 
 
 @pytest.mark.postgres
+def _verdict(state: RequestState) -> str | None:
+    """A verdict the state allows (succeeded is green; failed may be red)."""
+    return {RequestState.SUCCEEDED: "green", RequestState.FAILED: "red"}.get(state)
+
+
 def test_the_database_trigger_allows_exactly_the_python_state_machine(
     migrated_dsn: str,
 ) -> None:
@@ -95,15 +100,16 @@ def test_the_database_trigger_allows_exactly_the_python_state_machine(
             request_id = make_request_id("q", n)
             strategy = "full" if old is not RequestState.ACCEPTED else None
             conn.execute(
-                "INSERT INTO request (queue, id, uri, state, build_strategy)"
-                " VALUES ('q', %s, %s, %s, %s)",
-                (request_id, f"uri-{n}", old.value, strategy),
+                "INSERT INTO request (queue, id, uri, state, build_strategy, verdict)"
+                " VALUES ('q', %s, %s, %s, %s, %s)",
+                (request_id, f"uri-{n}", old.value, strategy, _verdict(old)),
             )
             new_strategy = "full" if new is RequestState.PROCESSING else strategy
             try:
                 conn.execute(
-                    "UPDATE request SET state = %s, build_strategy = %s WHERE id = %s",
-                    (new.value, new_strategy, request_id),
+                    "UPDATE request SET state = %s, build_strategy = %s, verdict = %s"
+                    " WHERE id = %s",
+                    (new.value, new_strategy, _verdict(new), request_id),
                 )
                 allowed = True
             except psycopg.IntegrityError as exc:

@@ -50,6 +50,12 @@ def _positive_int(value: object) -> int:
     return value
 
 
+def _positive_float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"must be a positive number, got {value!r}")
+    return float(value)
+
+
 def _count(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"must be a whole number, 0 or more, got {value!r}")
@@ -108,6 +114,7 @@ def resolve_path(value: Path, info: _ValidationInfo) -> Path:
 
 PositiveInt = Annotated[int, BeforeValidator(_positive_int)]
 Count = Annotated[int, BeforeValidator(_count)]
+PositiveFloat = Annotated[float, BeforeValidator(_positive_float)]
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
 NonEmptyStr = Annotated[str, BeforeValidator(_non_empty_string)]
 Flag = Annotated[bool, BeforeValidator(_flag)]

@@ -104,9 +104,16 @@ async def _poll(payload: BuildSignal, ctx: StageContext) -> Outcome:
                                       f"({deadline:.0f}s)"))
     if observed is None:
         build = await _store_status(ctx, build, report.status)
-        delay = seconds(config.poll_delay_running if build.status is BuildStatus.RUNNING
-                        else config.poll_delay_queued)
-        if turn is loops.Turn.CLAIM:
+        configured = seconds(config.poll_delay_running if build.status is BuildStatus.RUNNING
+                             else config.poll_delay_queued)
+        # a hosted CI spaces the polls as its credential's budget allows, and aligns them
+        # with the batched list of the build's pipeline (streams.extensions.budget)
+        poll_delay = getattr(runner, "poll_delay", None)
+        delay = poll_delay(build.id, configured) if poll_delay is not None else configured
+        quiet = delay - _longest_delay(config)
+        if quiet > 0:  # longer than the sweeper expects: say when the loop is back
+            build = await deps.db.builds.claim_loop(build, mine, quiet=quiet)
+        elif turn is loops.Turn.CLAIM:
             build = await deps.db.builds.claim_loop(build, mine)
         return Hold(delay, _next_turn(build))
     return await _end_attempt(ctx, request, build, observed, config)
@@ -131,9 +138,8 @@ async def _wait_for_runner(ctx: StageContext, build: Build, config: QueueConfig,
     floor = seconds(config.poll_delay_running if build.status is BuildStatus.RUNNING
                     else config.poll_delay_queued)
     wait = dependency_wait(ctx, error, floor=floor)
-    longest = max(seconds(config.gate_delay), seconds(config.poll_delay_queued),
-                  seconds(config.poll_delay_running))
-    build = await ctx.deps.db.builds.claim_loop(build, mine, quiet=wait.delay - longest)
+    build = await ctx.deps.db.builds.claim_loop(build, mine,
+                                                quiet=wait.delay - _longest_delay(config))
     return Wait(wait.delay, error, _next_turn(build))
 
 
@@ -173,6 +179,12 @@ async def _end_attempt(ctx: StageContext, request: Request, build: Build,
         id=settled.id, queue_name=settled.queue, nonce=settled.nonce,
         attempt=settled.attempt))
     return ACK
+
+
+def _longest_delay(config: QueueConfig) -> float:
+    """The longest delay the sweeper expects of the queue's loops (`sweeper.unseen_after`)."""
+    return max(seconds(config.gate_delay), seconds(config.poll_delay_queued),
+               seconds(config.poll_delay_running))
 
 
 def _next_turn(build: Build) -> BuildSignal:

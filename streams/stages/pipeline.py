@@ -5,6 +5,7 @@ runs them (`open_pipeline_deps`). The worker process itself is assembled by
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from store import Database
 from store.worker_hosts import HEARTBEAT_GAP
 from streams.config.queues import Extensions, load_queues
 from streams.config.settings import DEFAULT_DB_POOL, load_settings
+from streams.extensions import budget
 from streams.runtime.classify import is_outage
 from streams.runtime.logs import bounded
 from streams.runtime.periodic import PeriodicTask
@@ -36,6 +38,8 @@ DEFAULT_SWEEP_INTERVAL = 5.0
 # worker's own): three of them fit in store.worker_hosts.HEARTBEAT_GAP, well below any
 # host_timeout (at least store.worker_hosts.MIN_HOST_TIMEOUT)
 TEND_INTERVAL = 2.0
+COUNT_WORKERS_EVERY = 30.0  # seconds between two counts of the live workers
+_last_count = float("-inf")
 
 log = logging.getLogger("stovepipe.pipeline")
 
@@ -69,17 +73,18 @@ async def tend_build_runners(deps: Deps, publish: Publisher) -> None:
     runner: launch, watch and heartbeat the builds this host owns). Runners are built
     here if need be, so a restarted worker resumes its builds before any message asks. A
     failing runner does not keep the others from their tend; an outage ends the round."""
-    heartbeaten = False
+    # this host's own sign of life: the evidence it needs before it may judge another
+    # host lost (store.worker_hosts), and how the workers count each other to share the
+    # hosted APIs' budgets (streams.extensions.budget)
+    await deps.db.worker_hosts.heartbeat(load_settings().host_id, HEARTBEAT_GAP)
+    global _last_count
+    if time.monotonic() - _last_count >= COUNT_WORKERS_EVERY:
+        _last_count = time.monotonic()
+        budget.share_among(await deps.db.worker_hosts.count_alive(2 * HEARTBEAT_GAP))
     for queue in deps.queues.names():
         try:
             tend = getattr(deps.extensions.build_runner(queue), "tend", None)
             if tend is not None:
-                if not heartbeaten:
-                    # this host's own sign of life: the evidence it needs before it may
-                    # judge another host lost (store.worker_hosts)
-                    await deps.db.worker_hosts.heartbeat(load_settings().host_id,
-                                                         HEARTBEAT_GAP)
-                    heartbeaten = True
                 await tend()
         except Exception as exc:
             if is_outage(exc):

@@ -69,9 +69,13 @@ from streams.extensions.buildrunner.hosted import (
     correlation_id,
     number_header,
 )
-from streams.schema.fields import SPEC, Duration
+from streams.extensions.buildrunner.snapshots import Snapshot, active_pipelines, snapshot_for
+from streams.schema.fields import SPEC, Duration, Flag, PositiveFloat
 
 BUILD_ID_PREFIX = "bk-"
+DEFAULT_REQUESTS_PER_MINUTE = 100.0  # half of the organization's 200 a minute
+LIST_PAGE = 100  # builds in one list answer (Buildkite's largest page)
+ACTIVE_WITHIN = 60.0  # seconds since its last poll that a pipeline counts as polled
 DEFAULT_API_URL = "https://api.buildkite.com"
 TRIGGER_META = "stovepipe-trigger"
 REQUEST_META = "stovepipe-request"
@@ -139,13 +143,20 @@ class BuildkiteBuildRunnerSpec:
     branch: BranchName | None = None  # None: the head URI's ref
     env: ExtraEnv | None = None  # more environment variables for the build
     request_timeout: Duration = timedelta(seconds=DEFAULT_REQUEST_TIMEOUT)
+    # Stovepipe's share of the organization's REST limit (200 a minute for all its users
+    # and tools together), divided among the workers: half, leaving the other half to
+    # the people and tools that share the organization
+    requests_per_minute: PositiveFloat = DEFAULT_REQUESTS_PER_MINUTE
+    # poll a pipeline's running builds with one list call (False: one call per build)
+    batch_polls: Flag = True
     kind: Literal["buildkite"] = "buildkite"
 
     def build(self, context: ExtensionContext) -> BuildkiteBuildRunner:
         return BuildkiteBuildRunner(
             self.organization, self.pipeline, self.token_env, api_url=self.api_url,
             branch=self.branch, env=self.env, queue=context.queue,
-            timeout=self.request_timeout.total_seconds())
+            timeout=self.request_timeout.total_seconds(),
+            requests_per_minute=self.requests_per_minute, batch_polls=self.batch_polls)
 
 
 class BuildkiteBuildRunner:
@@ -156,15 +167,21 @@ class BuildkiteBuildRunner:
                  api_url: str = DEFAULT_API_URL, branch: str | None = None,
                  env: Mapping[str, str] | None = None, queue: str = "",
                  timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None,
+                 requests_per_minute: float | None = None,
+                 batch_polls: bool = False) -> None:
         self.organization = organization
         self.pipeline = pipeline
         self.branch = branch
         self.env = dict(env or {})
         self.queue = queue
+        self.batch_polls = batch_polls
+        # Buildkite limits an organization, whatever the token: the budget is its
         self.api = HostedApi(PROVIDER, api_url, token_env, timeout=timeout,
                              headers={"Accept": "application/json"},
-                             rate_limit_wait=_rate_limit_wait, environ=environ)
+                             rate_limit_wait=_rate_limit_wait, environ=environ,
+                             requests_per_minute=requests_per_minute,
+                             budget_scope=f"organization:{organization}")
 
     def __repr__(self) -> str:
         return (f"BuildkiteBuildRunner({self.organization!r}, {self.pipeline!r}, "
@@ -204,10 +221,17 @@ class BuildkiteBuildRunner:
 
     async def status(self, build_id: str) -> BuildReport:
         organization, pipeline, number = parse_build_id(build_id)
-        answer = await self.api.call(
-            "GET", f"{_builds_path(organization, pipeline)}/{number}",
-            params={"exclude_jobs": "true"})
-        build = answer.body if isinstance(answer.body, dict) else {}
+        snapshot = self._snapshot(organization, pipeline) if self.batch_polls else None
+        build = await snapshot.lookup(str(number)) if snapshot is not None else None
+        if not isinstance(build, dict):  # not in the pipeline's list: ask for it alone
+            answer = await self.api.call(
+                "GET", f"{_builds_path(organization, pipeline)}/{number}",
+                params={"exclude_jobs": "true"})
+            build = answer.body if isinstance(answer.body, dict) else {}
+            if snapshot is not None:
+                created = build.get("created_at")
+                snapshot.remember(str(number), build,
+                                  created if isinstance(created, str) else None)
         state = build.get("state")
         if not isinstance(state, str):
             raise BuildRunnerError(f"{PROVIDER}: build {build_id} answered without a state")
@@ -222,6 +246,37 @@ class BuildkiteBuildRunner:
         # over already (or canceling), and stays as it ended
         await self.api.call("PUT", f"{_builds_path(organization, pipeline)}/{number}/cancel",
                             expect=(200, 422))
+
+    def poll_delay(self, build_id: str, configured: float) -> float:
+        """How long a poll loop of ``build_id`` holds: the pipeline's poll period — the
+        configured delay, or longer when the organization's budget allows no more — and
+        aligned with the pipeline's next list, so one list answers every loop."""
+        budget = self.api.budget()
+        if not self.batch_polls or budget is None:
+            return configured
+        organization, pipeline, _ = parse_build_id(build_id)
+        snapshot = self._snapshot(organization, pipeline)
+        pipelines = active_pipelines(f"{budget.key}|", within=ACTIVE_WITHIN)
+        return snapshot.plan(budget.poll_period(max(1, pipelines), floor=configured))
+
+    def _snapshot(self, organization: str, pipeline: str) -> Snapshot:
+        budget = self.api.budget()
+        scope = budget.key if budget is not None else f"{PROVIDER}:{self.api.api_url}"
+        return snapshot_for(f"{scope}|{organization}/{pipeline}",
+                            lambda since: self._list(organization, pipeline, since))
+
+    async def _list(self, organization: str, pipeline: str,
+                    since: str | None) -> tuple[dict[str, Any], bool]:
+        """The pipeline's builds created since ``since`` (None: the newest), newest first,
+        one page; and whether that was all of them."""
+        params = {"per_page": str(LIST_PAGE), "exclude_jobs": "true"}
+        if since:
+            params["created_from"] = since
+        answer = await self.api.call("GET", _builds_path(organization, pipeline),
+                                     params=params)
+        builds = [b for b in answer.body or [] if _is_build(b)] \
+            if isinstance(answer.body, list) else []
+        return {str(b["number"]): b for b in builds}, len(builds) < LIST_PAGE
 
     async def aclose(self) -> None:
         await self.api.aclose()

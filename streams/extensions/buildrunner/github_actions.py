@@ -82,7 +82,8 @@ from streams.extensions.buildrunner.hosted import (
     number_header,
     retry_after_seconds,
 )
-from streams.schema.fields import SPEC, Duration
+from streams.extensions.buildrunner.snapshots import Snapshot, active_pipelines, snapshot_for
+from streams.schema.fields import SPEC, Duration, Flag, PositiveFloat
 
 BUILD_ID_PREFIX = "gha-"
 DEFAULT_API_URL = "https://api.github.com"
@@ -95,6 +96,10 @@ CLOCK_MARGIN = 300.0  # seconds: runs created "before" a dispatch by another clo
 PAGES = 10  # GitHub lists at most 1,000 runs for a filtered search
 PER_PAGE = 100
 MAX_INPUTS = 25  # GitHub: a workflow_dispatch event has at most 25 inputs
+DEFAULT_REQUESTS_PER_MINUTE = 2500 / 60  # half of a token's 5,000 an hour
+GITHUB_BUDGET = "github"  # the budget's name: shared with the commit-status notifier
+LIST_PAGE = 100  # runs in one list answer (GitHub's largest page)
+ACTIVE_WITHIN = 60.0  # seconds since its last poll that a workflow counts as polled
 
 log = logging.getLogger("stovepipe.buildrunner.github_actions")
 _REPOSITORY = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
@@ -222,6 +227,11 @@ class GitHubActionsBuildRunnerSpec:
     run_search: Duration = timedelta(seconds=DEFAULT_RUN_SEARCH)
     lookback: Duration = timedelta(seconds=DEFAULT_LOOKBACK)
     request_timeout: Duration = timedelta(seconds=DEFAULT_REQUEST_TIMEOUT)
+    # Stovepipe's share of the token's limit (5,000 an hour), divided among the workers:
+    # half, leaving the other half to whatever else uses the token
+    requests_per_minute: PositiveFloat = DEFAULT_REQUESTS_PER_MINUTE
+    # poll a workflow's running runs with one list call (False: one call per run)
+    batch_polls: Flag = True
     kind: Literal["github_actions"] = "github_actions"
 
     @model_validator(mode="after")
@@ -247,7 +257,8 @@ class GitHubActionsBuildRunnerSpec:
             input_names=(self.head_input, self.base_input, self.id_input),
             inputs=self.inputs, run_search=self.run_search.total_seconds(),
             lookback=self.lookback.total_seconds(),
-            timeout=self.request_timeout.total_seconds())
+            timeout=self.request_timeout.total_seconds(),
+            requests_per_minute=self.requests_per_minute, batch_polls=self.batch_polls)
 
 
 class GitHubActionsBuildRunner:
@@ -262,8 +273,11 @@ class GitHubActionsBuildRunner:
                  run_search: float = DEFAULT_RUN_SEARCH, lookback: float = DEFAULT_LOOKBACK,
                  timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  environ: Mapping[str, str] | None = None,
-                 search_poll: float = RUN_SEARCH_POLL) -> None:
+                 search_poll: float = RUN_SEARCH_POLL,
+                 requests_per_minute: float | None = None,
+                 batch_polls: bool = False) -> None:
         self.repository = repository
+        self.batch_polls = batch_polls
         self.workflow = workflow
         self.ref = ref
         self.input_names = input_names
@@ -277,7 +291,9 @@ class GitHubActionsBuildRunner:
         self.api = HostedApi(PROVIDER, api_url, token_env, timeout=timeout,
                              headers={"Accept": "application/vnd.github+json",
                                       "X-GitHub-Api-Version": API_VERSION},
-                             rate_limit_wait=_rate_limit_wait, environ=environ)
+                             rate_limit_wait=_rate_limit_wait, environ=environ,
+                             requests_per_minute=requests_per_minute,
+                             budget_name=GITHUB_BUDGET)
 
     def __repr__(self) -> str:
         return (f"GitHubActionsBuildRunner({self.repository!r}, {self.workflow!r}, "
@@ -325,8 +341,16 @@ class GitHubActionsBuildRunner:
 
     async def status(self, build_id: str) -> BuildReport:
         repository, run_id = parse_build_id(build_id)
-        answer = await self.api.call("GET", f"/repos/{repository}/actions/runs/{run_id}")
-        run = answer.body if isinstance(answer.body, dict) else {}
+        snapshot = self._snapshot() if self.batch_polls and repository == self.repository \
+            else None
+        run = await snapshot.lookup(str(run_id)) if snapshot is not None else None
+        if not isinstance(run, dict):  # not in the workflow's list: ask for it alone
+            answer = await self.api.call("GET", f"/repos/{repository}/actions/runs/{run_id}")
+            run = answer.body if isinstance(answer.body, dict) else {}
+            if snapshot is not None:
+                created = run.get("created_at")
+                snapshot.remember(str(run_id), run,
+                                  created if isinstance(created, str) else None)
         status, conclusion = run.get("status"), run.get("conclusion")
         if not isinstance(status, str):
             raise BuildRunnerError(f"{PROVIDER}: run {build_id} answered without a status")
@@ -337,6 +361,35 @@ class GitHubActionsBuildRunner:
         return BuildReport(status_of(status, conclusion), {
             "runner": PROVIDER, "status": status, "conclusion": conclusion or "",
             "html_url": str(run.get("html_url") or "")}, unvalidated)
+
+    def poll_delay(self, build_id: str, configured: float) -> float:
+        """How long a poll loop of ``build_id`` holds: the workflow's poll period — the
+        configured delay, or longer when the token's budget allows no more — aligned with
+        the workflow's next list, so one list answers every loop."""
+        budget = self.api.budget()
+        if not self.batch_polls or budget is None:
+            return configured
+        workflows = active_pipelines(f"{budget.key}|", within=ACTIVE_WITHIN)
+        return self._snapshot().plan(budget.poll_period(max(1, workflows), floor=configured))
+
+    def _snapshot(self) -> Snapshot:
+        budget = self.api.budget()
+        scope = budget.key if budget is not None else f"{PROVIDER}:{self.api.api_url}"
+        return snapshot_for(f"{scope}|{self.repository}/{self.workflow}", self._list)
+
+    async def _list(self, since: str | None) -> tuple[dict[str, Any], bool]:
+        """The workflow's runs created since ``since`` (None: the newest), newest first,
+        one page; and whether that was all of them."""
+        params = {"per_page": str(LIST_PAGE)}
+        if since:
+            params["created"] = f">={since}"
+        answer = await self.api.call("GET", f"{self._workflow_path()}/runs", params=params)
+        body = answer.body if isinstance(answer.body, dict) else {}
+        runs = [r for r in body.get("workflow_runs") or []
+                if isinstance(r, dict) and _is_run_id(r.get("id"))]
+        total = body.get("total_count")
+        complete = isinstance(total, int) and total <= len(runs)
+        return {str(r["id"]): r for r in runs}, complete
 
     async def cancel(self, build_id: str) -> None:
         repository, run_id = parse_build_id(build_id)

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from pydantic import BeforeValidator
 
+from streams.extensions.budget import Budget, budget_for, budget_key
 from streams.extensions.buildrunner.contract import BuildRunnerError
 from streams.extensions.sourcecontrol.contract import CommitNotFound
 from streams.extensions.sourcecontrol.gituri import GitCommit, check_branch_name, parse_uri
@@ -203,13 +204,25 @@ class HostedApi:
                  timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  headers: Mapping[str, str] | None = None,
                  rate_limit_wait: RateLimitWait | None = None,
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None,
+                 requests_per_minute: float | None = None,
+                 budget_scope: str | None = None,
+                 budget_name: str | None = None) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
+        if requests_per_minute is not None and requests_per_minute <= 0:
+            raise ValueError(f"requests_per_minute must be positive, got "
+                             f"{requests_per_minute}")
         self.provider = provider
         self.api_url = api_url.rstrip("/")
         self.token_env = token_env
         self.timeout = timeout
+        # the deployment's share of the credential's limit (None: no budget); the limit
+        # belongs to ``budget_scope`` when given (Buildkite: the organization), else to
+        # the token
+        self.requests_per_minute = requests_per_minute
+        self.budget_scope = budget_scope
+        self.budget_name = budget_name or provider  # one name per provider's limits
         self._headers = {"User-Agent": "stovepipe", **(headers or {})}
         self._rate_limit_wait = rate_limit_wait or (lambda status, headers, message: None)
         self._environ = environ if environ is not None else os.environ
@@ -231,10 +244,23 @@ class HostedApi:
                                    f"environment")
         return token
 
+    def budget(self) -> Budget | None:
+        """The worker's budget for this API's credential (shared with every runner and
+        notifier on it), None without one."""
+        if self.requests_per_minute is None:
+            return None
+        credential = self.budget_scope or self.token()
+        return budget_for(budget_key(self.budget_name, self.api_url, credential),
+                          self.requests_per_minute)
+
     async def call(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
                    body: Any = None, expect: tuple[int, ...] = (200,)) -> Answer:
-        """``method path`` answered with one of ``expect``; anything else raises."""
+        """``method path`` answered with one of ``expect``; anything else raises. Waits
+        for its turn in the credential's budget first."""
         token = self.token()
+        budget = self.budget()
+        if budget is not None:
+            await budget.acquire()
         where = f"{self.provider}: {method} {path}"
         headers = {**self._headers, "Authorization": f"Bearer {token}"}
         try:

@@ -28,7 +28,12 @@ from urllib.parse import quote, urlsplit
 from pydantic import BeforeValidator
 from pydantic.dataclasses import dataclass as spec_dataclass
 
-from streams.extensions.buildrunner.github_actions import github_rate_limit
+from streams.extensions.budget import budget_for, budget_key
+from streams.extensions.buildrunner.github_actions import (
+    DEFAULT_REQUESTS_PER_MINUTE,
+    GITHUB_BUDGET,
+    github_rate_limit,
+)
 from streams.extensions.notify.contract import Notice, NotifyError
 from streams.extensions.notify.http import post_json
 from streams.extensions.sourcecontrol.gituri import repository_identity
@@ -123,6 +128,9 @@ class GitHubStatusNotifier:
         owner, _, name = self.repository.partition("/")
         url = (f"{self.api_url}/repos/{quote(owner, safe='')}/{quote(name, safe='')}"
                f"/statuses/{quote(notice.sha, safe='')}")
+        # the token's budget, shared with any GitHub Actions runner using the same token
+        await budget_for(budget_key(GITHUB_BUDGET, self.api_url, self._token),
+                         DEFAULT_REQUESTS_PER_MINUTE).acquire()
         await post_json("GitHub", url, self.body(notice), headers={
             "Accept": "application/vnd.github+json",
             "Authorization": f"Bearer {self._token}",
