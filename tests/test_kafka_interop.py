@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -21,12 +22,14 @@ def _create_topics(bootstrap: str, names: list[str]) -> None:
         fut.result(timeout=30)
 
 
-def test_confluent_to_faust_and_back(kafka_bootstrap: str, topic_prefix: str) -> None:
+def test_confluent_to_faust_and_back(kafka_bootstrap: str, topic_prefix: str,
+                                     tmp_path: Path) -> None:
     source, sink = f"{topic_prefix}echo-in", f"{topic_prefix}echo-out"
     _create_topics(kafka_bootstrap, [source, sink])
 
     env = dict(os.environ, ECHO_BOOTSTRAP=kafka_bootstrap, ECHO_IN=source, ECHO_OUT=sink,
-               ECHO_APP_ID=f"{topic_prefix}echo-{uuid.uuid4().hex[:6]}")
+               ECHO_APP_ID=f"{topic_prefix}echo-{uuid.uuid4().hex[:6]}",
+               ECHO_DATADIR=str(tmp_path / "faust"))
     worker = subprocess.Popen([sys.executable, "-m", "tests.apps.faust_echo"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"{topic_prefix}reader",

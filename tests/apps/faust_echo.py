@@ -1,6 +1,6 @@
 """A minimal Faust worker for the interop test: copies each event from one topic to another.
 
-Run as ``python -m tests.apps.faust_echo`` with ECHO_BOOTSTRAP, ECHO_IN, ECHO_OUT and
+Run as ``python -m tests.apps.faust_echo`` with ECHO_BOOTSTRAP, ECHO_IN, ECHO_OUT, ECHO_DATADIR and
 ECHO_APP_ID in the environment. It declares no topic of its own (the test creates them).
 """
 
@@ -18,6 +18,7 @@ app = faust.App(
     topic_disable_leader=True,
     web_enabled=False,
     store="memory://",
+    datadir=os.environ["ECHO_DATADIR"],
 )
 source = app.topic(os.environ["ECHO_IN"], partitions=1, value_serializer="raw",
                    key_serializer="raw", internal=False)
