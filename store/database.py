@@ -27,6 +27,7 @@ from store._base import ConnectionSource
 from store.builds import BuildStore
 from store.command_builds import CommandBuildStore
 from store.counters import CounterStore
+from store.culprits import CommitInfoStore, CulpritSearchStore
 from store.facts import FactStore
 from store.ingest_leases import IngestLeaseStore
 from store.notifications import NotificationStore
@@ -56,6 +57,8 @@ class Stores:
         self.notifications = NotificationStore(source)
         self.ingest_leases = IngestLeaseStore(source)
         self.worker_hosts = WorkerHostStore(source)
+        self.culprit_searches = CulpritSearchStore(source)
+        self.commit_infos = CommitInfoStore(source)
 
 
 class _PoolSource:

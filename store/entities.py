@@ -89,12 +89,19 @@ class BuildStrategy(StrEnum):
 
 
 class RequestKind(StrEnum):
-    """Why a Request exists (design §4): ``head`` — a head of the branch, superseded by a
-    newer head; ``retry`` — a commit validated again on request, which supersedes nothing
-    and which nothing supersedes."""
+    """Why a Request exists (design §4, §5): ``head`` — a head of the branch, superseded by
+    a newer head; ``retry`` — a commit validated again on request, and ``backfill`` — a
+    commit validated to find a culprit: these two supersede nothing and nothing supersedes
+    them. A backfill holds a slot of the queue's backfill capacity, never a head's."""
 
     HEAD = "head"
     RETRY = "retry"
+    BACKFILL = "backfill"
+
+    @property
+    def supersedable(self) -> bool:
+        """Only a head is superseded by a newer head (design §4, §5)."""
+        return self is RequestKind.HEAD
 
 
 class Verdict(StrEnum):
@@ -104,35 +111,45 @@ class Verdict(StrEnum):
     RED = "red"
 
 
-def make_request_id(queue: str, n: int, validation: int = 1) -> str:
+def make_request_id(queue: str, n: int, validation: int = 1, position: int = 0) -> str:
     """`request/<queue>/<n>`; `n` is the queue's counter value (its ingest order). A
     commit validated again is `request/<queue>/<n>.<k>`: ``validation`` k (from 2) of the
     commit first ingested as Request n, so it sorts where its commit was first ingested
-    (design §4)."""
+    (design §4). A commit never ingested but validated to find a culprit is
+    `request/<queue>/<n>~<p>` (``position`` p ≥ 1): p first-parent commits after the head
+    of Request n, so it sorts by its place in the branch's history (design §5)."""
     if n < 1:
         raise ValueError(f"request counter values start at 1, got {n}")
     if validation < 1:
         raise ValueError(f"validations are counted from 1, got {validation}")
+    if position < 0:
+        raise ValueError(f"a position after a head is at least 1 (0: the head), got "
+                         f"{position}")
+    at = f"~{position}" if position else ""
     suffix = f".{validation}" if validation > 1 else ""
-    return f"{REQUEST_ID_PREFIX}{queue}/{n}{suffix}"
+    return f"{REQUEST_ID_PREFIX}{queue}/{n}{at}{suffix}"
 
 
 def parse_request_id(request_id: str) -> tuple[str, int]:
-    """(queue, n) from `request/<queue>/<n>` or `request/<queue>/<n>.<k>`. Queue names may
-    themselves contain '/'."""
-    return _parse(request_id)[:2]
+    """(queue, n) from `request/<queue>/<n>`, `…/<n>.<k>`, `…/<n>~<p>` or `…/<n>~<p>.<k>`.
+    Queue names may themselves contain '/'."""
+    queue, n, _, _ = _parse(request_id)
+    return queue, n
 
 
-def _parse(request_id: str) -> tuple[str, int, int]:
+def _parse(request_id: str) -> tuple[str, int, int, int]:
     queue, sep, tail = request_id.removeprefix(REQUEST_ID_PREFIX).rpartition("/")
-    n, dot, k = tail.partition(".")
+    place, dot, k = tail.partition(".")
+    n, tilde, p = place.partition("~")
     well_formed = (request_id.startswith(REQUEST_ID_PREFIX) and sep and queue
-                   and _digits(n) and (not dot or (_digits(k) and int(k) >= 2)))
+                   and _digits(n) and (not tilde or _digits(p))
+                   and (not dot or (_digits(k) and int(k) >= 2)))
     if not well_formed:
-        raise ValueError(f"not a request id (want request/<queue>/<n>, or "
-                         f"request/<queue>/<n>.<k> for a commit validated again): "
+        raise ValueError(f"not a request id (want request/<queue>/<n>, "
+                         f"request/<queue>/<n>.<k> for a commit validated again, or "
+                         f"request/<queue>/<n>~<p> for a commit between two heads): "
                          f"{request_id!r}")
-    return queue, int(n), int(k) if dot else 1
+    return queue, int(n), int(p) if tilde else 0, int(k) if dot else 1
 
 
 def _digits(text: str) -> bool:
@@ -140,21 +157,38 @@ def _digits(text: str) -> bool:
 
 
 def request_seq(request_id: str) -> int:
-    """The ingest order of a request id: the place of its commit's first ingest, the only
-    "newer than" the pipeline uses (validations of one commit share it)."""
+    """The ingest order of a request id: the place of its commit's first ingest (or of
+    the head a backfilled commit follows), the coarse "newer than" (validations of one
+    commit share it)."""
     return _parse(request_id)[1]
+
+
+def request_position(request_id: str) -> int:
+    """First-parent commits after the head of its ingest order: 0 for a head's Request,
+    p for `…/<n>~<p>`."""
+    return _parse(request_id)[2]
 
 
 def request_validation(request_id: str) -> int:
     """Which validation of its commit a Request is: 1 for `…/<n>`, k for `…/<n>.<k>`."""
-    return _parse(request_id)[2]
+    return _parse(request_id)[3]
 
 
-def request_order(request_id: str) -> tuple[int, int]:
-    """(ingest order, validation): the total order of a queue's Requests. Mirrors the
-    SQL functions request_seq and request_validation (migration 0008)."""
-    _, n, k = _parse(request_id)
-    return n, k
+Order = tuple[int, int, int]
+
+
+def request_order(request_id: str) -> Order:
+    """(ingest order, position after that head, validation): the total order of a queue's
+    Requests, which for the commits of one first-parent history is their order in it.
+    Mirrors the SQL function request_rank (migration 0010)."""
+    _, n, p, k = _parse(request_id)
+    return n, p, k
+
+
+def commit_request_id(request_id: str) -> str:
+    """The id of the commit's first validation (`…/<n>[~<p>]`)."""
+    queue, n, p, _ = _parse(request_id)
+    return make_request_id(queue, n, 1, p)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +201,18 @@ class Queue:
     version: int
     created_at: datetime
     updated_at: datetime
+    backfill_in_flight: int = 0  # backfill Requests processing (their own capacity)
+    # the promotion ref held at a green commit (`stovepipe pin`); None: it follows the
+    # bookmark
+    pinned_uri: str | None = None
+    pinned_request_id: str | None = None
+    pinned_by: str | None = None
+    pinned_reason: str | None = None
+    pinned_at: datetime | None = None
+
+    @property
+    def pinned(self) -> bool:
+        return self.pinned_uri is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,8 +250,9 @@ class Request:
         return request_seq(self.id)
 
     @property
-    def order(self) -> tuple[int, int]:
-        """(ingest order, validation): the total order of the queue's Requests."""
+    def order(self) -> Order:
+        """(ingest order, position, validation): the total order of the queue's
+        Requests."""
         return request_order(self.id)
 
     @property

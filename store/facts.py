@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from store._base import Row, Store
-from store.entities import ValidationFact, check_degree
+from store.entities import Order, ValidationFact, check_degree
 
 _COLUMNS = "queue, uri, project, degree, request_id, created_at, attempts, flaky"
 # first fact wins: one per Request, and one green per commit
@@ -16,17 +16,18 @@ _INSERT = (
 _NEWEST_OF_COMMIT = (
     f"SELECT {_COLUMNS} FROM validation_fact"
     " WHERE queue = %(queue)s AND uri = %(uri)s AND project = %(project)s"
-    " ORDER BY request_seq(request_id) DESC, request_validation(request_id) DESC LIMIT 1"
+    " ORDER BY request_rank(request_id) DESC LIMIT 1"
 )
 
-# the queue's green facts by ingest order, on index validation_fact_green_order
+# the queue's green facts by their Requests' order (request_rank: ingest order, then the
+# place of a backfilled commit after its head), on index validation_fact_green_rank
 _GREEN = (f"SELECT {_COLUMNS} FROM validation_fact"
           " WHERE queue = %(queue)s AND project = '' AND degree = 0")
-_GREEN_NEWEST_FIRST = _GREEN + " ORDER BY request_seq(request_id) DESC LIMIT %(limit)s"
-_GREEN_BELOW_NEWEST_FIRST = (_GREEN + " AND request_seq(request_id) < %(seq)s"
-                             " ORDER BY request_seq(request_id) DESC LIMIT %(limit)s")
-_GREEN_ABOVE_OLDEST_FIRST = (_GREEN + " AND request_seq(request_id) > %(seq)s"
-                             " ORDER BY request_seq(request_id) ASC LIMIT %(limit)s")
+_GREEN_NEWEST_FIRST = _GREEN + " ORDER BY request_rank(request_id) DESC LIMIT %(limit)s"
+_GREEN_BELOW_NEWEST_FIRST = (_GREEN + " AND request_rank(request_id) < %(rank)s::bigint[]"
+                             " ORDER BY request_rank(request_id) DESC LIMIT %(limit)s")
+_GREEN_ABOVE_OLDEST_FIRST = (_GREEN + " AND request_rank(request_id) > %(rank)s::bigint[]"
+                             " ORDER BY request_rank(request_id) ASC LIMIT %(limit)s")
 
 
 def _fact(row: Row) -> ValidationFact:
@@ -60,7 +61,7 @@ class FactStore(Store):
         rows = await self._fetch_all(
             f"SELECT {_COLUMNS} FROM validation_fact"
             " WHERE queue = %(queue)s AND uri = %(uri)s AND project = %(project)s"
-            " ORDER BY request_seq(request_id) DESC, request_validation(request_id) DESC",
+            " ORDER BY request_rank(request_id) DESC",
             key, key=key)
         return [_fact(row) for row in rows]
 
@@ -97,21 +98,21 @@ class FactStore(Store):
         return await self.of_request(queue, request_id, project) or await self.get(
             queue, uri, project)
 
-    async def green_older_than(self, queue: str, seq: int | None,
+    async def green_older_than(self, queue: str, rank: Order | None,
                                limit: int) -> list[ValidationFact]:
-        """The queue's green facts whose Request was ingested before Request number
-        ``seq`` (None: all), newest first; at most ``limit``."""
-        params = {"queue": queue, "seq": seq, "limit": limit}
+        """The queue's green facts whose Request sorts before ``rank`` (a
+        `store.request_order`; None: all), newest first; at most ``limit``."""
+        params = {"queue": queue, "rank": list(rank) if rank else None, "limit": limit}
         rows = await self._fetch_all(
-            _GREEN_NEWEST_FIRST if seq is None else _GREEN_BELOW_NEWEST_FIRST, params,
+            _GREEN_NEWEST_FIRST if rank is None else _GREEN_BELOW_NEWEST_FIRST, params,
             key={"queue": queue})
         return [_fact(row) for row in rows]
 
-    async def green_newer_than(self, queue: str, seq: int,
+    async def green_newer_than(self, queue: str, rank: Order,
                                limit: int) -> list[ValidationFact]:
-        """The queue's green facts whose Request was ingested after Request number
-        ``seq``, oldest first; at most ``limit``."""
+        """The queue's green facts whose Request sorts after ``rank``, oldest first (the
+        branch's history order); at most ``limit``."""
         rows = await self._fetch_all(_GREEN_ABOVE_OLDEST_FIRST,
-                                     {"queue": queue, "seq": seq, "limit": limit},
+                                     {"queue": queue, "rank": list(rank), "limit": limit},
                                      key={"queue": queue})
         return [_fact(row) for row in rows]

@@ -10,10 +10,12 @@ the result; rows of one (queue, channel, stream) go out in the order they were w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, LiteralString
+
+from psycopg.types.json import Jsonb
 
 from store._base import Store
 from store.entities import REQUEST_ID_PREFIX
@@ -166,6 +168,21 @@ class NotificationStore(Store):
             "queue": queue, "request_id": request_id, "uri": uri, "state": state,
             "description": description, "channels": list(channels)},
             key={"queue": queue, "request_id": request_id})
+
+    async def add_alert(self, queue: str, key: str, event: Mapping[str, object], *,
+                        channels: Sequence[str]) -> None:
+        """An alert to each of ``channels``, once per ``key`` (a second call with the same
+        key adds nothing)."""
+        if not channels:
+            return
+        await self._fetch_all(
+            "INSERT INTO notification (queue, key, channel, stream, event)"
+            " SELECT %(queue)s, 'alert:' || ch || ':' || %(key)s, ch, 'alerts',"
+            " %(event)s::jsonb || jsonb_build_object('at', now())"
+            " FROM unnest(%(channels)s::text[]) AS ch"
+            " ON CONFLICT (queue, key) DO NOTHING RETURNING 1",
+            {"queue": queue, "key": key, "event": Jsonb(dict(event)),
+             "channels": list(channels)}, key={"queue": queue, "key": key})
 
     async def claim_due(self, limit: int, lease: float) -> list[Notification]:
         """Up to ``limit`` rows due now whose stream has nothing earlier unsent, leased for

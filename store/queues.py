@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import LiteralString
 
 from store._base import Row, Store
-from store.entities import Queue, request_seq
+from store.entities import Queue, RequestKind, request_order
 from store.errors import InvariantViolation
 
 _COLUMNS = (
     "name, last_green_uri, last_green_request_id, in_flight_count, latest_request_id,"
-    " version, created_at, updated_at"
+    " version, created_at, updated_at, backfill_in_flight, pinned_uri, pinned_request_id,"
+    " pinned_by, pinned_reason, pinned_at"
 )
 _VERSION = "SELECT version FROM queue WHERE name = %(name)s"
 
@@ -61,7 +62,7 @@ class QueueStore(Store):
         """CAS `latest_request_id` forward to `request_id`, which must be newer (by ingest
         order) than the stored one; InvariantViolation otherwise."""
         current = queue.latest_request_id
-        if current is not None and request_seq(request_id) <= request_seq(current):
+        if current is not None and request_order(request_id) <= request_order(current):
             raise InvariantViolation(
                 self.entity,
                 {"name": queue.name},
@@ -76,8 +77,15 @@ class QueueStore(Store):
         first; the compare-and-set makes that check hold at write time."""
         return await self._update(queue, "in_flight_count = in_flight_count + 1", {})
 
-    async def release_slot(self, queue: Queue) -> Queue:
-        """CAS `in_flight_count` down by one; InvariantViolation if no slot is taken."""
+    async def release_slot(self, queue: Queue, kind: RequestKind = RequestKind.HEAD) -> Queue:
+        """CAS the slot a Request of ``kind`` held down by one (a backfill's is of the
+        backfill capacity); InvariantViolation if no such slot is taken."""
+        if kind is RequestKind.BACKFILL:
+            if queue.backfill_in_flight <= 0:
+                raise InvariantViolation(self.entity, {"name": queue.name},
+                                         "no backfill slot to release (backfill_in_flight "
+                                         "is 0)")
+            return await self._update(queue, "backfill_in_flight = backfill_in_flight - 1", {})
         if queue.in_flight_count <= 0:
             raise InvariantViolation(
                 self.entity, {"name": queue.name}, "no slot to release (in_flight_count is 0)"
@@ -93,7 +101,7 @@ class QueueStore(Store):
         request (InvariantViolation).
         """
         current = queue.last_green_request_id
-        if current is not None and request_seq(request_id) <= request_seq(current):
+        if current is not None and request_order(request_id) <= request_order(current):
             raise InvariantViolation(
                 self.entity,
                 {"name": queue.name},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from store._base import Row, Store
 from store.entities import (
     BuildStrategy,
@@ -127,6 +129,36 @@ class RequestStore(Store):
             )
         )
 
+    async def pass_over(self, request: Request, reason: str) -> Request:
+        """CAS an `accepted` Request to `superseded` saying why (a backfill whose search
+        ended before it was admitted). VersionMismatch when it changed since it was
+        read."""
+        key = {"queue": request.queue, "id": request.id}
+        if not request.state.can_become(RequestState.SUPERSEDED):
+            raise InvariantViolation(self.entity, key,
+                                     f"illegal transition {request.state} -> superseded")
+        return _request(
+            await self._compare_and_set(
+                "UPDATE request SET state = 'superseded', reason = %(reason)s,"
+                " version = version + 1, updated_at = now()"
+                " WHERE queue = %(queue)s AND id = %(id)s AND version = %(version)s"
+                f" RETURNING {_COLUMNS}",
+                {**key, "reason": reason},
+                version_query=_VERSION,
+                key=key,
+                expected_version=request.version,
+            )
+        )
+
+    async def get_many(self, queue: str, ids: Sequence[str]) -> dict[str, Request]:
+        """The queue's Requests among ``ids`` that exist, by id."""
+        if not ids:
+            return {}
+        rows = await self._fetch_all(
+            f"SELECT {_COLUMNS} FROM request WHERE queue = %(queue)s AND id = ANY(%(ids)s)",
+            {"queue": queue, "ids": list(ids)}, key={"queue": queue})
+        return {row["id"]: _request(row) for row in rows}
+
     async def fail_unvalidated(self, request: Request, reason: str) -> Request:
         """CAS the request (`accepted` or `processing`, at `request.version`) to `failed`
         without a verdict — it could not be validated, for ``reason`` (a reconciler drove
@@ -238,11 +270,24 @@ class RequestStore(Store):
             {"queue": queue, "uri": uri}, key={"queue": queue, "uri": uri})
         return _request(row) if row is not None else None
 
+    async def newest_for_commits(self, queue: str,
+                                 uris: Sequence[str]) -> dict[str, Request]:
+        """The newest Request of each commit among ``uris`` the queue has validated (or
+        passed over), by URI."""
+        if not uris:
+            return {}
+        rows = await self._fetch_all(
+            f"SELECT {_COLUMNS} FROM request WHERE queue = %(queue)s AND id IN ("
+            " SELECT request_id FROM request_uri"
+            " WHERE queue = %(queue)s AND uri = ANY(%(uris)s))",
+            {"queue": queue, "uris": list(uris)}, key={"queue": queue})
+        return {row["uri"]: _request(row) for row in rows}
+
     async def recent(self, queue: str, limit: int) -> list[Request]:
         """The queue's newest ``limit`` Requests by (ingest order, validation), newest
-        first (the request_order_idx index)."""
+        first (the request_rank_idx index)."""
         rows = await self._fetch_all(
             f"SELECT {_COLUMNS} FROM request WHERE queue = %(queue)s"
-            " ORDER BY request_seq(id) DESC, request_validation(id) DESC LIMIT %(limit)s",
+            " ORDER BY request_rank(id) DESC LIMIT %(limit)s",
             {"queue": queue, "limit": limit}, key={"queue": queue})
         return [_request(row) for row in rows]

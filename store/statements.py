@@ -2,7 +2,7 @@
 checks its own conditions as it writes. Several entities change in one statement through
 data-modifying WITH clauses; a clause that must not run unless another did names that
 clause in its WHERE (``EXISTS (SELECT 1 FROM x)``), which also orders them. The order of
-two Requests is (request_seq, request_validation) (migration 0008).
+two Requests is request_rank (migration 0010).
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ QUEUE_COLUMNS = (
     "q.name AS q_name, q.last_green_uri AS q_last_green_uri,"
     " q.last_green_request_id AS q_last_green_request_id,"
     " q.in_flight_count AS q_in_flight_count, q.latest_request_id AS q_latest_request_id,"
-    " q.version AS q_version, q.created_at AS q_created_at, q.updated_at AS q_updated_at"
+    " q.version AS q_version, q.created_at AS q_created_at, q.updated_at AS q_updated_at,"
+    " q.backfill_in_flight AS q_backfill_in_flight, q.pinned_uri AS q_pinned_uri,"
+    " q.pinned_request_id AS q_pinned_request_id, q.pinned_by AS q_pinned_by,"
+    " q.pinned_reason AS q_pinned_reason, q.pinned_at AS q_pinned_at"
 )
 BUILD_COLUMNS = (
     "b.queue AS b_queue, b.id AS b_id, b.request_id AS b_request_id, b.status AS b_status,"
@@ -61,8 +64,7 @@ WITH lease AS (
      WHERE state IS NOT NULL AND state <> 'superseded'
        AND NOT (state = 'failed' AND verdict IS NULL)
 ), again AS (
-    SELECT %(prefix)s || request_seq(request_id) || '.'
-           || (request_validation(request_id) + 1) AS id
+    SELECT request_again_id(request_id) AS id
       FROM mapped WHERE state = 'failed' AND verdict IS NULL
 ), drawn AS (
     INSERT INTO queue_counter (queue, value)
@@ -93,9 +95,7 @@ WITH lease AS (
        SET latest_request_id = EXCLUDED.latest_request_id,
            version = queue.version + 1, updated_at = now()
      WHERE queue.latest_request_id IS NULL
-        OR (request_seq(queue.latest_request_id), request_validation(queue.latest_request_id))
-           < (request_seq(EXCLUDED.latest_request_id),
-              request_validation(EXCLUDED.latest_request_id))
+        OR request_rank(queue.latest_request_id) < request_rank(EXCLUDED.latest_request_id)
     RETURNING name
 ), released AS (
     UPDATE ingest_lease
@@ -114,7 +114,7 @@ WITH newest AS (
      WHERE m.queue = %(queue)s AND m.uri = %(uri)s
        FOR UPDATE OF m
 ), again AS (
-    SELECT %(prefix)s || request_seq(id) || '.' || (request_validation(id) + 1) AS id
+    SELECT request_again_id(id) AS id
       FROM newest WHERE state IN ('failed', 'cancelled', 'superseded')
 ), minted AS (
     INSERT INTO request (queue, id, uri, kind)
@@ -130,12 +130,39 @@ WITH newest AS (
       FROM minted m
      WHERE name = %(queue)s
        AND (latest_request_id IS NULL
-            OR (request_seq(latest_request_id), request_validation(latest_request_id))
-               < (request_seq(m.id), request_validation(m.id)))
+            OR request_rank(latest_request_id) < request_rank(m.id))
     RETURNING name
 )
 SELECT n.id AS newest_id, n.state AS newest_state, (SELECT id FROM minted) AS minted_id
   FROM newest n
+""")
+
+MINT_BACKFILL = _sql("""
+WITH newest AS (
+    SELECT r.id, r.state, r.verdict
+      FROM request_uri m JOIN request r ON r.queue = m.queue AND r.id = m.request_id
+     WHERE m.queue = %(queue)s AND m.uri = %(uri)s
+       FOR UPDATE OF m
+), again AS (
+    SELECT request_again_id(id) AS id FROM newest
+     WHERE state IN ('superseded', 'cancelled') OR (state = 'failed' AND verdict IS NULL)
+), fresh AS (
+    SELECT %(fresh_id)s::text AS id WHERE NOT EXISTS (SELECT 1 FROM newest)
+), minted AS (
+    INSERT INTO request (queue, id, uri, kind)
+    SELECT %(queue)s, id, %(uri)s, 'backfill' FROM (SELECT id FROM again
+                                                    UNION ALL SELECT id FROM fresh) AS c
+    ON CONFLICT (queue, id) DO NOTHING
+    RETURNING id, nonce
+), mapping AS (
+    INSERT INTO request_uri (queue, uri, request_id)
+    SELECT %(queue)s, %(uri)s, id FROM minted
+    ON CONFLICT (queue, uri) DO UPDATE SET request_id = EXCLUDED.request_id
+    RETURNING request_id
+)
+SELECT (SELECT id FROM newest) AS newest_id, (SELECT state FROM newest) AS newest_state,
+       (SELECT verdict FROM newest) AS newest_verdict, m.id AS minted_id, m.nonce
+  FROM (SELECT 1) AS one LEFT JOIN minted m ON true
 """)
 
 ADMIT = _sql(f"""
@@ -145,14 +172,17 @@ WITH candidate AS (
        AND state = 'accepted'
        FOR UPDATE
 ), slot AS (
-    UPDATE queue SET in_flight_count = in_flight_count + 1,
+    UPDATE queue SET in_flight_count = in_flight_count
+                         + CASE WHEN %(kind)s = 'backfill' THEN 0 ELSE 1 END,
+                     backfill_in_flight = backfill_in_flight
+                         + CASE WHEN %(kind)s = 'backfill' THEN 1 ELSE 0 END,
                      version = version + 1, updated_at = now()
      WHERE name = %(queue)s
        AND EXISTS (SELECT 1 FROM candidate)
        AND in_flight_count < %(max)s
-       AND (%(kind)s = 'retry' OR latest_request_id IS NULL
-            OR (request_seq(latest_request_id), request_validation(latest_request_id))
-               <= (%(seq)s, %(validation)s))
+       AND (%(kind)s <> 'backfill' OR backfill_in_flight < %(backfill_max)s)
+       AND (%(kind)s <> 'head' OR latest_request_id IS NULL
+            OR request_rank(latest_request_id) <= request_rank(%(id)s))
        AND last_green_request_id IS NOT DISTINCT FROM %(last_green)s
     RETURNING name
 ), admitted AS (
@@ -208,10 +238,14 @@ WITH stamped AS (
        AND NOT %(settle)s AND EXISTS (SELECT 1 FROM agreed)
     RETURNING {REQUEST_COLUMNS}
 ), released AS (
-    UPDATE queue SET in_flight_count = in_flight_count - 1,
-                     version = version + 1, updated_at = now()
-     WHERE name = %(queue)s AND EXISTS (SELECT 1 FROM settled)
-    RETURNING name
+    UPDATE queue q SET in_flight_count = q.in_flight_count
+                           - CASE WHEN s.kind = 'backfill' THEN 0 ELSE 1 END,
+                       backfill_in_flight = q.backfill_in_flight
+                           - CASE WHEN s.kind = 'backfill' THEN 1 ELSE 0 END,
+                       version = q.version + 1, updated_at = now()
+      FROM settled s
+     WHERE q.name = %(queue)s
+    RETURNING q.name
 ), ended_without_fact AS (
     INSERT INTO notification (queue, key, channel, stream, event)
     SELECT s.queue, 'status:' || ch || ':' || s.id || ':final', ch, s.id,
@@ -254,9 +288,11 @@ WITH inserted AS (
                      version = version + 1, updated_at = now()
      WHERE name = %(queue)s
        AND EXISTS (SELECT 1 FROM fact WHERE request_id = %(request_id)s AND degree = 0)
+       AND %(may_move)s
        AND (last_green_request_id IS NULL
-            OR (request_seq(last_green_request_id), request_validation(last_green_request_id))
-               < (request_seq(%(request_id)s), request_validation(%(request_id)s)))
+            OR request_rank(last_green_request_id) < request_rank(%(request_id)s))
+       AND (NOT %(checked)s
+            OR last_green_request_id IS NOT DISTINCT FROM %(checked_bookmark)s::text)
     RETURNING last_green_request_id
 ), marked AS (
     UPDATE request SET recorded = true
@@ -274,10 +310,13 @@ WITH inserted AS (
                + CASE WHEN h.greenness IS DISTINCT FROM EXCLUDED.greenness THEN 1 ELSE 0 END,
            updated_at = now()
      WHERE h.decided_request_id IS NULL
-        OR (request_seq(h.decided_request_id), request_validation(h.decided_request_id))
-           < (request_seq(EXCLUDED.decided_request_id),
-              request_validation(EXCLUDED.decided_request_id))
-    RETURNING greenness, previous_greenness, transitions
+        OR request_rank(h.decided_request_id) < request_rank(EXCLUDED.decided_request_id)
+    RETURNING greenness, previous_greenness, transitions, decided_request_id
+), changed AS (
+    INSERT INTO greenness_change (queue, greenness, request_id)
+    SELECT %(queue)s, greenness, decided_request_id FROM health
+     WHERE greenness IS DISTINCT FROM previous_greenness
+    ON CONFLICT DO NOTHING
 ), final_status AS (
     INSERT INTO notification (queue, key, channel, stream, event)
     SELECT i.queue, 'status:' || ch || ':' || i.request_id || ':final', ch, i.request_id,

@@ -38,6 +38,7 @@ from store.statements import (
     END_ATTEMPT,
     FACT_COLUMNS,
     FIND_OR_MINT,
+    MINT_BACKFILL,
     QUEUE_COLUMNS,
     RECORD_FACT,
     REQUEST_COLUMNS,
@@ -73,6 +74,17 @@ class Again:
     newest_id: str | None  # the commit's newest Request before the call; None: never ingested
     newest_state: RequestState | None
     minted_id: str | None  # the new Request validating it again; None: none was minted
+
+
+@dataclass(frozen=True)
+class Backfilled:
+    """What asking for a backfill of a commit found or did (`StepStore.mint_backfill`)."""
+
+    newest_id: str | None  # the commit's newest Request before the call; None: none
+    newest_state: RequestState | None
+    newest_verdict: Verdict | None
+    minted_id: str | None  # the new backfill Request; None: none was minted
+    nonce: str = ""
 
 
 @dataclass(frozen=True)
@@ -212,26 +224,45 @@ class StepStore(Store):
             return Again(None, None, None)
         return Again(row["newest_id"], RequestState(row["newest_state"]), row["minted_id"])
 
+    async def mint_backfill(self, queue: str, uri: str, fresh_id: str) -> Backfilled:
+        """A culprit search's probe: a new Request (kind `backfill`) validating commit
+        ``uri`` — ``fresh_id`` (`…/<n>~<p>`) for a commit the queue never validated, the
+        commit's next validation (`….<k>`) when its newest Request was superseded,
+        cancelled or could not validate it. Nothing is minted when the commit is green,
+        red or being validated now (`Backfilled.newest_*` say which); the queue's latest
+        never moves to a backfill."""
+        row = await self._fetch_one(MINT_BACKFILL, {
+            "queue": queue, "uri": uri, "fresh_id": fresh_id},
+            key={"queue": queue, "uri": uri})
+        assert row is not None
+        return Backfilled(
+            row["newest_id"],
+            RequestState(row["newest_state"]) if row["newest_state"] else None,
+            Verdict(row["newest_verdict"]) if row["newest_verdict"] else None,
+            row["minted_id"], row["nonce"] or "")
+
     async def admit(self, request: Request, *, strategy: BuildStrategy,
                     base_uri: str | None, max_concurrent: int,
                     last_green_request_id: str | None,
+                    backfill_max_concurrent: int = 0,
                     status_channels: Sequence[str] = ()) -> Request | None:
         """process: take a slot of the Request's queue and move the Request to
         `processing` with its build strategy and its first attempt, in one statement —
         only if the Request is still the one read (same version, `accepted`), the queue
-        has a free slot, no newer Request is the queue's latest (unless the Request is a
-        `retry`, which nothing supersedes), and the bookmark the strategy was decided from
+        has a free slot for its heads (a `backfill` takes a slot of the backfill capacity,
+        ``backfill_max_concurrent``, and only while a head's slot is free too), no newer
+        Request is the queue's latest (for a head: a `retry` or a `backfill` supersedes
+        nothing and nothing supersedes it), and the bookmark the strategy was decided from
         (``last_green_request_id``) has not moved. None when any of that no longer holds:
         nothing was written; read again and decide again. With ``status_channels`` the
         Request's `pending` commit status joins the outbox in the same statement."""
         if (strategy is BuildStrategy.INCREMENTAL) != (base_uri is not None):
             raise ValueError(f"an incremental build needs a base URI and a full one takes "
                              f"none (got {strategy}, base_uri={base_uri!r})")
-        seq, validation = request.order
         row = await self._fetch_one(ADMIT, {
             "queue": request.queue, "id": request.id, "version": request.version,
-            "seq": seq, "validation": validation, "kind": request.kind.value,
-            "max": max_concurrent, "last_green": last_green_request_id,
+            "kind": request.kind.value, "max": max_concurrent,
+            "backfill_max": backfill_max_concurrent, "last_green": last_green_request_id,
             "strategy": strategy.value, "base_uri": base_uri,
             "status_channels": list(status_channels)},
             key={"queue": request.queue, "id": request.id})
@@ -313,6 +344,8 @@ class StepStore(Store):
 
     async def record_fact(self, queue: str, uri: str, *, request_id: str,
                           degree: float, attempts: int = 1, flaky: bool = False,
+                          move_bookmark: bool = True, checked_bookmark: str | None = None,
+                          check_bookmark: bool = False,
                           status_channels: Sequence[str] = (),
                           alert_channels: Sequence[str] = ()) -> Recorded:
         """record: write the Request's fact (first fact wins: an existing one stays; a
@@ -328,10 +361,16 @@ class StepStore(Store):
         Request's final commit status (``status_channels``) and, when the greenness
         changed, an alert (``alert_channels``): red on any change to red, including a
         queue's first fact; green on a change from red. A redelivery writes no fact, so
-        it adds nothing."""
+        it adds nothing.
+
+        The bookmark moves only with ``move_bookmark``, and with ``check_bookmark`` only
+        if it is still ``checked_bookmark`` (a backfilled commit moves it only when it
+        descends from the bookmark, which the caller asked the repository about)."""
         row = await self._fetch_one(RECORD_FACT, {
             "queue": queue, "uri": uri, "project": "", "degree": check_degree(degree),
             "request_id": request_id, "attempts": attempts, "flaky": flaky,
+            "may_move": move_bookmark, "checked": check_bookmark,
+            "checked_bookmark": checked_bookmark,
             "status_channels": list(status_channels),
             "alert_channels": list(alert_channels)},
             key={"queue": queue, "uri": uri, "project": ""},

@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 
 from contract import marshal
 from store.entities import BuildStatus
-from streams.config.queues import RetrySpec
+from streams.config.queues import BackfillSpec, RetrySpec
 from streams.extensions.buildrunner import BuildReport, BuildRunnerError
 from streams.extensions.sourcecontrol import (
     CommitNotFound,
@@ -325,6 +325,7 @@ class Knobs:
     poll_deadline: timedelta = timedelta(days=1)
     trigger_deadline: timedelta = timedelta(hours=1)
     retry: RetrySpec = field(default_factory=RetrySpec)
+    backfill: BackfillSpec = field(default_factory=BackfillSpec)  # off: no culprit search
     status_channels: tuple[str, ...] = ()  # the model's queues notify nothing
     alert_channels: tuple[str, ...] = ()
 

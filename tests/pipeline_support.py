@@ -245,10 +245,15 @@ class Pipeline:
 
         problems: list[str] = []
         queues = self.query("SELECT name, in_flight_count, last_green_uri, "
-                            "last_green_request_id FROM queue")
+                            "last_green_request_id, backfill_in_flight FROM queue")
         processing: dict[str, int] = defaultdict(int)
-        for (queue,) in self.query("SELECT queue FROM request WHERE state = 'processing'"):
-            processing[queue] += 1
+        backfilling: dict[str, int] = defaultdict(int)
+        for queue, kind in self.query(
+                "SELECT queue, kind FROM request WHERE state = 'processing'"):
+            if kind == "backfill":
+                backfilling[queue] += 1
+            else:
+                processing[queue] += 1
         facts = {r: (q, u, d) for q, u, d, r in self.query(
             "SELECT queue, uri, degree, request_id FROM validation_fact WHERE project = ''")}
         states = dict(self.query("SELECT id, state FROM request"))
@@ -257,10 +262,13 @@ class Pipeline:
             greens_per_commit[(q, u)] += d == 0
         problems += [f"{q}: {u} has {n} green facts"
                      for (q, u), n in greens_per_commit.items() if n > 1]
-        for name, in_flight, green_uri, green_id in queues:
+        for name, in_flight, green_uri, green_id, backfill_in_flight in queues:
             if in_flight != processing[name]:
                 problems.append(f"{name}: in_flight_count {in_flight} but "
                                 f"{processing[name]} processing")
+            if backfill_in_flight != backfilling[name]:
+                problems.append(f"{name}: backfill_in_flight {backfill_in_flight} but "
+                                f"{backfilling[name]} backfills processing")
             if green_id is not None:
                 fact = facts.get(green_id)
                 if fact is None or fact[2] != 0 or fact[1] != green_uri:

@@ -15,6 +15,7 @@ import pytest
 
 from streams.extensions.sourcecontrol import (
     CommitNotFound,
+    NotOnFirstParent,
     SourceControl,
     SourceControlError,
     UnknownRef,
@@ -103,6 +104,34 @@ def test_ancestry_over_a_merge(repo: FakeRepo, path: Path) -> None:
         assert not await sc.is_ancestor(uri("f1"), uri("m1"))  # side branches
         assert not await sc.is_ancestor(uri("m1"), uri("f2"))
         assert await sc.is_ancestor(uri("root"), uri("f2"))  # not on main: still a commit
+
+    asyncio.run(check())
+
+
+def test_commits_between_walk_the_first_parent_history(repo: FakeRepo, path: Path) -> None:
+    repo.push("main", "root", "m1", author="Ada <ada@example.invalid>",
+              subjects={"m1": "m1: speed up the parser"})
+    repo.commit("f1", parents=["root"])
+    repo.commit("merge", parents=["m1", "f1"])
+    repo.force_push("main", "merge")
+    repo.push("main", "after")
+    sc = source(path)
+
+    async def check() -> None:
+        between = await sc.commits_between(uri("root"), uri("after"), limit=10)
+        assert [c.sha for c in between] == ["m1", "merge", "after"]
+        assert between[0].subject == "m1: speed up the parser"
+        assert between[0].author == "Ada <ada@example.invalid>"
+        assert between[0].parent_uri == uri("root") and between[1].parent_uri == uri("m1")
+        assert await sc.commits_between(uri("after"), uri("after"), limit=10) == []
+        with pytest.raises(NotOnFirstParent):  # an ancestor through the merge's 2nd parent
+            await sc.commits_between(uri("f1"), uri("after"), limit=10)
+        with pytest.raises(NotOnFirstParent, match="more than 1 commits"):
+            await sc.commits_between(uri("root"), uri("after"), limit=1)
+        with pytest.raises(CommitNotFound):
+            await sc.commits_between(uri("nope"), uri("after"), limit=10)
+        described = await sc.describe([uri("m1"), uri("nope"), "git+/x#main@abc"])
+        assert [(c.sha, c.subject) for c in described] == [("m1", "m1: speed up the parser")]
 
     asyncio.run(check())
 

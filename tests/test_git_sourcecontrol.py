@@ -16,6 +16,7 @@ import pytest
 
 from streams.extensions.sourcecontrol import (
     CommitNotFound,
+    NotOnFirstParent,
     SourceControl,
     SourceControlError,
     UnknownRef,
@@ -156,6 +157,50 @@ def test_ancestry_through_the_second_parent_of_a_merge(origin: Origin, tmp_path:
     assert run(sc.is_ancestor(origin.uri(base), origin.uri(merge)))
     assert not run(sc.is_ancestor(origin.uri(feature), origin.uri(mainline)))
     assert not run(sc.is_ancestor(origin.uri(merge), origin.uri(feature)))
+
+
+def test_commits_between_walk_the_first_parent_history(origin: Origin,
+                                                       tmp_path: Path) -> None:
+    """What a culprit search bisects: the first-parent commits after the green one up to
+    the red one, oldest first; a merged branch's own commits are not on it."""
+    sc = source_control(origin, tmp_path)
+    green = origin.commit("green")
+    git(origin.work, "checkout", "-q", "-b", "feature")
+    feature = origin.commit("feature work")
+    git(origin.work, "checkout", "-q", "main")
+    first = origin.commit("first: fix the widget", date="2026-11-30T10:00:00+00:00")
+    git(origin.work, "merge", "-q", "--no-ff", "feature", "-m", "merge feature")
+    origin.publish()
+    merge = git(origin.work, "rev-parse", "HEAD")
+    last = origin.commit("last")
+    between = run(sc.commits_between(origin.uri(green), origin.uri(last), limit=10))
+    assert [c.sha for c in between] == [first, merge, last]
+    assert [c.subject for c in between] == ["first: fix the widget", "merge feature", "last"]
+    assert between[0].author == "Stovepipe Test <test@stovepipe.invalid>"
+    assert between[0].committed_at == datetime(2026, 11, 30, 10, tzinfo=UTC)
+    assert between[0].parent_uri == origin.uri(green)
+    assert between[1].parent_uri == origin.uri(first)  # the merge's first parent
+    assert all(c.uri == origin.uri(c.sha) for c in between)
+    assert run(sc.commits_between(origin.uri(last), origin.uri(last), limit=10)) == []
+    # the feature commit is an ancestor, but not on the first-parent history
+    with pytest.raises(NotOnFirstParent, match="first-parent"):
+        run(sc.commits_between(origin.uri(feature), origin.uri(last), limit=10))
+    with pytest.raises(NotOnFirstParent, match="more than 2 commits"):
+        run(sc.commits_between(origin.uri(green), origin.uri(last), limit=2))
+    with pytest.raises(CommitNotFound):
+        run(sc.commits_between(origin.uri("0" * 40), origin.uri(last), limit=10))
+
+
+def test_describe_names_subject_author_and_time(origin: Origin, tmp_path: Path) -> None:
+    sc = source_control(origin, tmp_path)
+    one = origin.commit("one", date="2026-12-01T08:00:00+00:00")
+    two = origin.commit("two")
+    described = {c.sha: c for c in run(sc.describe(
+        [origin.uri(two), origin.uri(one), origin.uri("f" * 40), "fake://x/main/abc"]))}
+    assert set(described) == {one, two}
+    assert described[one].subject == "one" and described[one].parent_uri is None
+    assert described[one].committed_at == datetime(2026, 12, 1, 8, tzinfo=UTC)
+    assert described[two].parent_uri == origin.uri(one)
 
 
 def test_commit_time_is_the_committer_date(origin: Origin, tmp_path: Path) -> None:

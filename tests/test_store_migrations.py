@@ -18,6 +18,10 @@ from streams.cli.db import db_group
 pytestmark = pytest.mark.postgres
 
 TABLES = {
+    "culprit_search",
+    "commit_info",
+    "greenness_change",
+    "promotion_pin",
     "worker_host",
     "ingest_lease",
     "queue",

@@ -204,7 +204,7 @@ def _newest_lines(newest: Request | None, fact: ValidationFact | None) -> list[s
     if newest.unvalidated:
         return [f"  newest request {newest.id}: {why_unvalidated(newest.reason)}"]
     if not newest.state.is_terminal:
-        _, validation = newest.order
+        _, _, validation = newest.order
         again = " again" if fact is not None or validation > 1 else ""
         return [f"  being validated{again} now by {newest.id} ({newest.state})"]
     return [f"  newest request {newest.id}: {state_text(newest)}"]

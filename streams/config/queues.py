@@ -31,7 +31,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic.dataclasses import dataclass as spec_dataclass
 
 from store import Database
@@ -80,6 +86,48 @@ class RetrySpec:
     backoff: Duration = timedelta(seconds=30)
 
 
+BACKFILL_MODES = ("bisect", "off")
+
+
+def _backfill_shorthand(value: Any) -> Any:
+    """``backfill: bisect`` / ``backfill: off`` (YAML reads a bare off as false) stand for
+    ``{mode: ...}``."""
+    if isinstance(value, bool):
+        value = "bisect" if value else "off"
+    if isinstance(value, str):
+        return {"mode": value}
+    if isinstance(value, dict) and isinstance(value.get("mode"), bool):
+        return {**value, "mode": "bisect" if value["mode"] else "off"}
+    return value
+
+
+def _backfill_mode(value: object) -> str:
+    if value not in BACKFILL_MODES:
+        raise ValueError(f"expected one of {', '.join(BACKFILL_MODES)}, got {value!r}")
+    assert isinstance(value, str)
+    return value
+
+
+@spec_dataclass(frozen=True, config=SPEC)
+class BackfillSpec:
+    """A queue's ``backfill`` section: finding the culprit of a red verdict among the
+    commits that were never built (design §5, "backfill"). ``bisect`` validates some of
+    them by bisection, with spare capacity only; ``off`` (the default: it spends builds
+    on the queue's runner) never does."""
+
+    mode: Annotated[str, BeforeValidator(_backfill_mode)] = "off"
+    # builds one search may spend (about log2(n) for n commits; a flaky re-run counts)
+    max_builds: PositiveInt = 10
+    # backfill builds of the queue at once, besides its max_concurrent heads
+    max_concurrent: PositiveInt = 1
+    # commits a search lists at most (a longer red range is searched in its newest part)
+    max_commits: PositiveInt = 1000
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode == "bisect"
+
+
 @dataclass(frozen=True)
 class QueueConfig:
     name: str
@@ -94,6 +142,7 @@ class QueueConfig:
     # outage before it gives up (a trigger: the attempt could not validate)
     trigger_deadline: timedelta = timedelta(hours=1)
     retry: RetrySpec = dataclasses.field(default_factory=RetrySpec)
+    backfill: BackfillSpec = dataclasses.field(default_factory=BackfillSpec)
     notify: NotifySpec | None = None  # commit statuses and alerts; None: none
     webhook_repository: str | None = None  # what push webhooks name its repository by
 
@@ -142,7 +191,7 @@ class QueuesConfig:
 
 
 _KNOBS = ("max_concurrent", "gate_delay", "poll_delay_queued", "poll_delay_running",
-          "poll_deadline", "trigger_deadline", "retry", "webhook_repository")
+          "poll_deadline", "trigger_deadline", "retry", "backfill", "webhook_repository")
 _EXTENSIONS = {
     "source_control": "{kind: fake, path: repo.json, repo: demo, ref: main}",
     "build_runner": "{kind: fake}",
@@ -165,6 +214,7 @@ class QueueFields(Section):
     poll_deadline: Duration | None = None
     trigger_deadline: Duration | None = None
     retry: RetrySpec | None = None  # replaced whole, like notify
+    backfill: Annotated[BackfillSpec, BeforeValidator(_backfill_shorthand)] | None = None
     webhook_repository: HostedPath | None = None
     source_control: Annotated[
         SourceControlSpec,

@@ -142,6 +142,23 @@ COMMITS_SINCE_GREEN = Gauge(
     "than the bookmark's): branch moves seen, not git commits.",
     ["queue"],
 )
+CULPRIT_SEARCHES = Counter(
+    "stovepipe_culprit_searches_total",
+    "Culprit searches opened and ended, by state: bisecting (opened), found, fixed (the "
+    "branch went green first), budget_spent, inconclusive, no_range.",
+    ["queue", "state"],
+)
+BACKFILL_PROBES = Counter(
+    "stovepipe_backfill_requests_total",
+    "Backfill Requests started by culprit searches (commits validated to find a culprit).",
+    ["queue"],
+)
+CULPRIT_FAILURES = Counter(
+    "stovepipe_culprit_search_failures_total",
+    "Culprit searches that could not be opened or advanced after a verdict (logged; the "
+    "sweeper advances a search left bisecting).",
+    ["queue"],
+)
 PERIODIC_ROUNDS = Counter(
     "stovepipe_periodic_rounds_total",
     "Rounds of a worker's timed tasks (sweeper, notify, gauges), by how they ended.",

@@ -3,10 +3,14 @@
 Single writer per queue: the `process` topic is keyed by queue name (design §5). A
 Request waiting for a slot is a gate loop: held, it comes back after the gate delay, and
 only the loop the Request row names goes on (`streams.stages.loops`). A head is superseded
-by a newer head; a Request validating a commit again (`retry`) supersedes nothing and is
-superseded by nothing (design §4). An ancestry check the repository cannot answer for now
-is waited out (the loop stays alive), up to the queue's trigger deadline; past it the
-Request is built in full, which needs no ancestry.
+by a newer head; a Request validating a commit again (`retry`) or finding a culprit
+(`backfill`) supersedes nothing and is superseded by nothing (design §4). A backfill is
+admitted only while the queue has a free slot for its heads and a free one of its
+backfill capacity, and holds only the latter (it never delays a head); one whose culprit
+search ended before it was built is passed over (`streams.stages.culprits`). An ancestry
+check the repository cannot answer for now is waited out (the loop stays alive), up to
+the queue's trigger deadline; past it the Request is built in full, which needs no
+ancestry.
 """
 
 from __future__ import annotations
@@ -67,7 +71,18 @@ async def _process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
         return ACK
 
     config = deps.queue_config(request.queue)
-    if queue.in_flight_count >= config.max_concurrent:
+    if request.kind is RequestKind.BACKFILL:
+        search = await deps.db.culprit_searches.of_probe(request.queue, request.id)
+        if search is None or search.state.ended:
+            # its search ended before it was built (the branch went green again, or the
+            # culprit was named): no build is spent on it
+            await deps.db.requests.pass_over(
+                request, f"its culprit search ended ({search.state if search else 'gone'}) "
+                         f"before it was built")
+            ctx.log.info("backfill_passed_over search=%s",
+                         search.state if search else None)
+            return ACK
+    if not _has_room(request, queue, config):
         # not a failure: comes back after the gate delay and is decided afresh
         if turn is loops.Turn.CLAIM:
             request = await deps.db.requests.claim_loop(request, mine)
@@ -85,6 +100,7 @@ async def _process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
     # nothing is written and the decision is redone from a fresh read
     admitted = await deps.db.steps.admit(
         request, strategy=strategy, base_uri=base_uri, max_concurrent=config.max_concurrent,
+        backfill_max_concurrent=config.backfill.max_concurrent,
         last_green_request_id=queue.last_green_request_id,
         status_channels=config.status_channels)
     if admitted is None:
@@ -97,10 +113,20 @@ async def _process(payload: ProcessRequest, ctx: StageContext) -> Outcome:
 
 
 def _is_older_than_latest(request: Request, queue: Queue) -> bool:
-    """A head older than the queue's latest is superseded; a retry never is."""
+    """A head older than the queue's latest is superseded; a retry or a backfill never
+    is."""
     latest = queue.latest_request_id
-    return (request.kind is RequestKind.HEAD and latest is not None
+    return (request.kind.supersedable and latest is not None
             and request.order < request_order(latest))
+
+
+def _has_room(request: Request, queue: Queue, config: QueueConfig) -> bool:
+    """A free slot for the queue's heads; a backfill also needs one of the backfill
+    capacity (it holds only that one: it never keeps a head waiting)."""
+    if queue.in_flight_count >= config.max_concurrent:
+        return False
+    return (request.kind is not RequestKind.BACKFILL
+            or queue.backfill_in_flight < config.backfill.max_concurrent)
 
 
 def _gate_turn(request: Request) -> ProcessRequest:

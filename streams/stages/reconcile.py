@@ -56,7 +56,7 @@ async def fail_request(ctx: StageContext, queue_name: str, request_id: str, *,
         async with ctx.deps.db.transaction() as tx:
             if current.state is RequestState.PROCESSING:
                 queue = await tx.queues.get(current.queue)
-                await tx.queues.release_slot(queue)
+                await tx.queues.release_slot(queue, current.kind)
                 # admitted, so its commit may show `pending`: it ends without a fact
                 await tx.notifications.add_status(
                     current.queue, current.id, current.uri, state="error",

@@ -6,6 +6,10 @@ gets no fact. Decisions after the fact write use the stored fact, not the Reques
 redelivery, a reconciler or the sweeper re-running this must reach the same end state.
 The promotion ref's repository being unavailable delays the promotion (waited out up to
 the queue's trigger deadline, then retried by the reconciler), never the fact.
+
+A backfilled commit (a culprit search's probe) moves the bookmark only forward to a
+commit that descends from the bookmarked one. After the fact, the verdict goes to the
+queue's culprit search (`streams.stages.culprits`).
 """
 
 from __future__ import annotations
@@ -14,13 +18,20 @@ from contract import Record
 from store import (
     InvariantViolation,
     Queue,
+    Request,
+    RequestKind,
     RequestState,
     ValidationFact,
     Verdict,
+    VersionMismatch,
+    request_order,
 )
 from streams.config.queues import UnknownQueue
 from streams.extensions.sourcecontrol import CommitNotFound, PromotionMoved
 from streams.runtime import ACK, Outcome, metrics
+from streams.runtime.classify import is_outage
+from streams.runtime.logs import bounded
+from streams.stages import culprits
 from streams.stages.deps import Deps, StageContext, is_stale, load_request
 from streams.stages.kit import (
     CAS_ATTEMPTS,
@@ -47,6 +58,8 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
         return ACK
     if request.state in (RequestState.CANCELLED, RequestState.SUPERSEDED) \
             or request.unvalidated:
+        if request.kind is RequestKind.BACKFILL:  # its search passes the commit by
+            return await _find_culprit(ctx, request, None, moved=False)
         return ACK  # no verdict: no fact
     if request.state not in (RequestState.SUCCEEDED, RequestState.FAILED) \
             or request.verdict is None:
@@ -66,11 +79,16 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
                 raise
             unread = exc
     statuses, alerts = _channels(deps, request.queue)
+    move, checked = True, None
+    if request.kind is RequestKind.BACKFILL and degree == 0.0:
+        move, checked = await _descends_from_bookmark(ctx, request)
     # the fact, the bookmark, the queue's greenness and what they notify: one statement
     recorded = await deps.db.steps.record_fact(
         request.queue, request.uri, request_id=request.id, degree=degree,
         attempts=max(request.attempt, 1),
         flaky=request.verdict is Verdict.GREEN and request.red_reruns > 0,
+        move_bookmark=move, checked_bookmark=checked,
+        check_bookmark=request.kind is RequestKind.BACKFILL,
         status_channels=statuses, alert_channels=alerts)
     fact = recorded.fact
     if fact is None:  # a concurrent delivery's fact, not visible to the statement yet
@@ -94,6 +112,55 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
             if not is_dependency_unavailable(exc) or ctx.waiting_for >= deadline:
                 raise
             return dependency_wait(ctx, exc, floor=1.0)
+    return await _find_culprit(ctx, request, fact,
+                               moved=fact.is_green and recorded.holds_bookmark)
+
+
+async def _descends_from_bookmark(ctx: StageContext,
+                                  request: Request) -> tuple[bool, str | None]:
+    """Whether a backfilled green commit may take the bookmark: only forward, to a commit
+    that descends from the bookmarked one (asked of the repository), and only while the
+    bookmark is still the one asked about (the statement checks)."""
+    for _ in range(CAS_ATTEMPTS):
+        queue = await ctx.deps.db.queues.get(request.queue)
+        bookmark = queue.last_green_request_id
+        if bookmark is None:
+            return True, None
+        if request_order(bookmark) >= request.order or queue.last_green_uri is None:
+            return False, bookmark
+        try:
+            descends = await ctx.deps.extensions.source_control(request.queue).is_ancestor(
+                queue.last_green_uri, request.uri)
+        except CommitNotFound:
+            descends = False
+        if (await ctx.deps.db.queues.get(request.queue)).last_green_request_id == bookmark:
+            return descends, bookmark
+    return False, None  # the bookmark keeps moving: newer commits are taking it
+
+
+async def _find_culprit(ctx: StageContext, request: Request, fact: ValidationFact | None,
+                        *, moved: bool) -> Outcome:
+    """What a verdict means for the queue's culprit search (`streams.stages.culprits`):
+    a red one after the last green commit opens one, a backfill's outcome advances its
+    own, and a green one that moved the bookmark ends one whose break was fixed. The fact
+    is written already: a repository that does not answer is waited out up to the
+    queue's trigger deadline, then the search is left to the sweeper."""
+    try:
+        if request.kind is RequestKind.BACKFILL:
+            await culprits.advance_probe(ctx.deps, ctx.publish, request)
+        elif fact is not None and not fact.is_green:
+            await culprits.open_search(ctx.deps, ctx.publish, request)
+        elif moved:
+            await culprits.advance_queue(ctx.deps, ctx.publish, request.queue)
+    except Exception as exc:
+        if is_outage(exc) or isinstance(exc, VersionMismatch):
+            raise
+        unavailable = is_dependency_unavailable(exc)
+        if unavailable and ctx.waiting_for < _trigger_deadline(ctx.deps, request.queue):
+            return dependency_wait(ctx, exc, floor=1.0)
+        ctx.log.error("culprit_search_failed error=%s",
+                      bounded(f"{type(exc).__name__}: {exc}"), exc_info=not unavailable)
+        metrics.CULPRIT_FAILURES.labels(queue=request.queue).inc()
     return ACK
 
 

@@ -12,7 +12,10 @@ from three indexed queries over live rows only (never a scan of history):
 - a Build not yet terminal whose poll loop has not been seen — including the builds of
   Requests that ended without them, which buildsignal then cancels at their runner;
 - a Request settled with a verdict whose fact was not recorded (its `record` message was
-  lost, or dead-lettered while a reconciler could not finish it) — to record.
+  lost, or dead-lettered while a reconciler could not finish it) — to record;
+
+and advances a culprit search that nothing moved for `culprits.STALLED_AFTER` seconds
+(its probe's `record` was lost, or a reconciler ended the probe).
 
 A loop waiting out a dependency's outage says when it will be back (its row is "seen"
 until then), so it is not taken for lost while it waits.
@@ -38,7 +41,7 @@ from contract import BuildRequest, BuildSignal, ProcessRequest, Record, TopicKey
 from streams.config.queues import QueueConfig, UnknownQueue
 from streams.runtime import metrics
 from streams.runtime.stage import Publisher
-from streams.stages import loops
+from streams.stages import culprits, loops
 from streams.stages.deps import Deps
 from streams.stages.kit import seconds
 
@@ -57,10 +60,12 @@ class SweepReport:
     builds: list[str] = field(default_factory=list)  # request ids whose build was re-sent
     polls: list[str] = field(default_factory=list)  # build ids whose poll loop was revived
     records: list[str] = field(default_factory=list)  # request ids whose fact was missing
+    searches: list[str] = field(default_factory=list)  # culprit searches advanced (red ids)
 
     @property
     def total(self) -> int:
-        return len(self.processes) + len(self.builds) + len(self.polls) + len(self.records)
+        return (len(self.processes) + len(self.builds) + len(self.polls) + len(self.records)
+                + len(self.searches))
 
 
 def unseen_after(config: QueueConfig) -> float:
@@ -112,8 +117,18 @@ async def sweep(deps: Deps, publish: Publisher) -> SweepReport:
             await deps.db.requests.touch_loop(request.queue, request.id, quiet=RECORD_AGAIN)
             report.records.append(request.id)
 
+        # a culprit search nothing moved for a while: the record that would have advanced
+        # it was lost, or its probe was failed by a reconciler (advancing is idempotent)
+        for search in await deps.db.culprit_searches.bisecting_unchanged_for(
+                culprits.STALLED_AFTER, BATCH):
+            after = await culprits.advance(deps, publish, search.queue, search.red_request_id)
+            if (after.state, after.probes, after.lo, after.hi) != (
+                    search.state, search.probes, search.lo, search.hi):
+                report.searches.append(search.red_request_id)
+
     for what, ids in (("process", report.processes), ("build", report.builds),
-                      ("buildsignal", report.polls), ("record", report.records)):
+                      ("buildsignal", report.polls), ("record", report.records),
+                      ("culprit_search", report.searches)):
         if ids:
             metrics.SWEPT.labels(what=what).inc(len(ids))
             log.warning("sweeper_republished what=%s count=%d first=%s", what, len(ids),

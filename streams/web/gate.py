@@ -7,7 +7,8 @@ A gate has a sha, not our URI, so a commit may be named by its full sha, a uniqu
 of one, or the URI itself. The CLI (`stovepipe fact`) and the HTTP API
 (`/api/facts`, `/api/queues/{queue}/green`) share these reads.
 
-The search walks the queue's green facts by ingest order on an index (never the whole
+The search walks the queue's green facts by their Requests' order (ingest order, and
+a backfilled commit's place in the history) on an index (never the whole
 table) and asks the repository about ancestry one candidate at a time, at most
 `SEARCH_LIMIT` candidates in each direction; `complete` says whether it was exhaustive.
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from store import NotFound, ValidationFact, request_seq
+from store import NotFound, Order, ValidationFact, commit_request_id, request_order
 from streams.extensions.sourcecontrol import CommitNotFound
 from streams.stages.commits import names_a_uri, resolve_commit
 from streams.web.queries import fact_or_none
@@ -58,14 +59,14 @@ async def green_answer(deps: Deps, queue: str, uri: str) -> GreenAnswer:
     source_control = deps.extensions.source_control(queue)
     committed_at = await source_control.commit_time(uri)  # CommitNotFound: no such commit
 
-    own_seq = await _ingest_seq(deps, queue, uri, fact)
-    older = await deps.db.facts.green_older_than(queue, own_seq, SEARCH_LIMIT)
+    own_rank = await _own_rank(deps, queue, uri, fact)
+    older = await deps.db.facts.green_older_than(queue, own_rank, SEARCH_LIMIT)
     prior, looked_back, back_done = await _first_match(
         older, lambda green: source_control.is_ancestor(green.uri, uri))
     # a green descendant was ingested after the commit itself, or at least after its
     # green ancestor
-    floor = own_seq if own_seq is not None else (
-        request_seq(prior.request_id) if prior is not None else 0)
+    floor = own_rank if own_rank is not None else (
+        request_order(prior.request_id) if prior is not None else (0, 0, 0))
     newer = await deps.db.facts.green_newer_than(queue, floor, SEARCH_LIMIT)
     following, looked_ahead, ahead_done = await _first_match(
         newer, lambda green: source_control.is_ancestor(uri, green.uri))
@@ -75,16 +76,17 @@ async def green_answer(deps: Deps, queue: str, uri: str) -> GreenAnswer:
                        and (ahead_done or len(newer) < SEARCH_LIMIT))
 
 
-async def _ingest_seq(deps: Deps, queue: str, uri: str,
-                      fact: ValidationFact | None) -> int | None:
-    """The ingest order of the Request that took ``uri`` (None: the commit was never a
-    head the queue ingested)."""
+async def _own_rank(deps: Deps, queue: str, uri: str,
+                    fact: ValidationFact | None) -> Order | None:
+    """Where the commit ``uri`` sorts among the queue's Requests (its first validation's
+    order; None: the queue never validated it)."""
     if fact is not None:
-        return request_seq(fact.request_id)
+        return request_order(commit_request_id(fact.request_id))
     try:
-        return request_seq((await deps.db.request_uris.get(queue, uri)).request_id)
+        request_id = (await deps.db.request_uris.get(queue, uri)).request_id
     except NotFound:
         return None
+    return request_order(commit_request_id(request_id))
 
 
 async def _first_match(

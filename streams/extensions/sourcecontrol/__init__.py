@@ -8,7 +8,9 @@ and adding its spec here.
 from streams.extensions.sourcecontrol.commits import commit_sha
 from streams.extensions.sourcecontrol.contract import (
     AmbiguousCommit,
+    CommitInfo,
     CommitNotFound,
+    NotOnFirstParent,
     PromotionMoved,
     SourceControl,
     SourceControlError,
@@ -20,5 +22,6 @@ from streams.extensions.sourcecontrol.git import GitSourceControlSpec
 # The registry of kinds, in the order error messages list them.
 SourceControlSpec = FakeSourceControlSpec | GitSourceControlSpec
 
-__all__ = ["AmbiguousCommit", "CommitNotFound", "PromotionMoved", "SourceControl",
+__all__ = ["AmbiguousCommit", "CommitInfo", "CommitNotFound", "NotOnFirstParent",
+           "PromotionMoved", "SourceControl",
            "SourceControlError", "SourceControlSpec", "UnknownRef", "commit_sha"]

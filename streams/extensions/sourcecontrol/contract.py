@@ -2,7 +2,8 @@
 
 Errors: `UnknownRef` (the queue's ref or repository does not exist: a user error, never
 retried), `CommitNotFound` (the commit is not on the ref any more, e.g. after a
-force-push), `PromotionMoved` (a promotion's compare-and-set lost), and
+force-push), `PromotionMoved` (a promotion's compare-and-set lost), `NotOnFirstParent`
+(a commit is not on another's first-parent history), and
 `AmbiguousCommit` (a sha prefix names several commits), and `SourceControlError` whose
 `retryable` says whether to try again.
 
@@ -12,6 +13,8 @@ so rotating a credential changes no URI (design §8).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
@@ -44,6 +47,23 @@ class PromotionMoved(SourceControlError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, retryable=True)
+
+
+class NotOnFirstParent(SourceControlError):
+    """The older commit is not on the newer one's first-parent history (the branch was
+    rewritten, or the older commit came in through a merge's second parent)."""
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """What a person recognises a commit by."""
+
+    uri: str
+    sha: str
+    subject: str
+    author: str  # "Name <email>"
+    committed_at: datetime | None
+    parent_uri: str | None  # its first parent; None for a root commit
 
 
 class SourceControl(Protocol):
@@ -81,6 +101,21 @@ class SourceControl(Protocol):
         (as a deploy gate has it). CommitNotFound when the repository has no such commit,
         AmbiguousCommit when a prefix names several, ValueError when ``sha`` cannot be
         one."""
+        ...
+
+
+    async def commits_between(self, older_uri: str, newer_uri: str, *,
+                              limit: int) -> list[CommitInfo]:
+        """The commits after ``older_uri`` up to and including ``newer_uri`` on
+        ``newer_uri``'s first-parent history, oldest first (git: ``rev-list
+        --first-parent older..newer``); empty when they are the same commit.
+        NotOnFirstParent when ``older_uri`` is not on that history, or when more than
+        ``limit`` commits lie between them; CommitNotFound when either is unknown."""
+        ...
+
+    async def describe(self, uris: Sequence[str]) -> list[CommitInfo]:
+        """Subject, author, time and first parent of each commit the repository has
+        (unknown ones are left out), in any order."""
         ...
 
 

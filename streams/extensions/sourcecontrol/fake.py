@@ -47,7 +47,9 @@ from pydantic.dataclasses import dataclass as spec_dataclass
 
 from streams.extensions import ExtensionContext
 from streams.extensions.sourcecontrol.contract import (
+    CommitInfo,
     CommitNotFound,
+    NotOnFirstParent,
     PromotionMoved,
     SourceControlError,
     UnknownRef,
@@ -298,6 +300,20 @@ class FakeSourceControl:
         await self._wait()
         return await asyncio.to_thread(self._commit_time, uri)
 
+    async def commits_between(self, older_uri: str, newer_uri: str, *,
+                              limit: int) -> list[CommitInfo]:
+        await self._wait()
+        return await asyncio.to_thread(self._commits_between, older_uri, newer_uri, limit)
+
+    async def describe(self, uris: Sequence[str]) -> list[CommitInfo]:
+        await self._wait()
+        state = await asyncio.to_thread(self._state)
+        described = []
+        for uri in uris:
+            with contextlib.suppress(CommitNotFound, SourceControlError):
+                described.append(self._info(state, self._known_sha(state, uri)))
+        return described
+
     async def commit_uri(self, sha: str) -> str:
         wanted = sha.strip()
         if not wanted or "/" in wanted or any(c.isspace() for c in wanted):
@@ -349,6 +365,40 @@ class FakeSourceControl:
             raise self._no_file() from None
         except OSError as exc:
             raise SourceControlError(f"{self.path}: cannot write: {exc}") from None
+
+    def _commits_between(self, older_uri: str, newer_uri: str,
+                         limit: int) -> list[CommitInfo]:
+        state = self._state()
+        older = self._known_sha(state, older_uri)
+        newer = self._known_sha(state, newer_uri)
+        walked: list[str] = []
+        sha: str | None = newer
+        while sha is not None and sha != older:
+            if len(walked) == limit:
+                raise NotOnFirstParent(f"more than {limit} commits lie between {older} and "
+                                       f"{newer} on {self.ref!r}")
+            walked.append(sha)
+            parents = state.parents(sha)
+            sha = parents[0] if parents else None
+        if sha is None:
+            raise NotOnFirstParent(f"{older} is not on the first-parent history of {newer} "
+                                   f"in fake repository {self.repo!r}")
+        return [self._info(state, commit) for commit in reversed(walked)]
+
+    def _info(self, state: _State, sha: str) -> CommitInfo:
+        commit = state.commits[sha]
+        parents = state.parents(sha)
+        raw = commit.get("time")
+        try:
+            when = datetime.fromisoformat(raw) if isinstance(raw, str) else None
+        except ValueError:
+            when = None
+        return CommitInfo(uri=fake_uri(self.repo, self.ref, sha), sha=sha,
+                          subject=str(commit.get("subject") or sha),
+                          author=str(commit.get("author") or "fake <fake@example.invalid>"),
+                          committed_at=when,
+                          parent_uri=fake_uri(self.repo, self.ref, parents[0])
+                          if parents else None)
 
     def _commit_time(self, uri: str) -> datetime:
         state = self._state()
@@ -435,9 +485,11 @@ class FakeRepo:
                 create=True)
         return sha
 
-    def push(self, ref: str, *shas: str, time: datetime | None = None) -> str:
+    def push(self, ref: str, *shas: str, time: datetime | None = None,
+             author: str | None = None, subjects: Mapping[str, str] | None = None) -> str:
         """Append new commits on top of ``ref``'s head (or start it), each the child of the
-        one before, and move ``ref`` to the last. Returns the new head."""
+        one before, and move ``ref`` to the last (``subjects`` by sha and ``author``
+        describe them). Returns the new head."""
         if not shas:
             raise ValueError("push needs at least one commit")
         for sha in shas:
@@ -450,6 +502,10 @@ class FakeRepo:
                 if sha in state.commits:
                     raise ValueError(f"commit {sha} already exists; push adds new commits")
                 self._add_commit(state, sha, [parent] if parent else [], when)
+                if author:
+                    state.commits[sha]["author"] = author
+                if subjects and sha in subjects:
+                    state.commits[sha]["subject"] = subjects[sha]
                 parent = sha
             state.refs[ref] = shas[-1]
             return shas[-1]

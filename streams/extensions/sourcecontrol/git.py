@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -22,7 +23,9 @@ from pydantic.dataclasses import dataclass as spec_dataclass
 
 from streams.extensions import ExtensionContext
 from streams.extensions.sourcecontrol.contract import (
+    CommitInfo,
     CommitNotFound,
+    NotOnFirstParent,
     UnknownRef,
     one_commit,
 )
@@ -31,6 +34,7 @@ from streams.extensions.sourcecontrol.gitrepo import (
     DEFAULT_REMOTE_TIMEOUT,
     BranchName,
     GitRepository,
+    LoggedCommit,
     Repository,
 )
 from streams.extensions.sourcecontrol.gituri import (
@@ -163,6 +167,43 @@ class GitSourceControl:
         found = await self.repo.commits_with_prefix(wanted)
         return git_uri(self.repository, self.ref,
                        one_commit(wanted, found, f"git repository {self.repository}"))
+
+    async def commits_between(self, older_uri: str, newer_uri: str, *,
+                              limit: int) -> list[CommitInfo]:
+        older, newer = self._sha(older_uri), self._sha(newer_uri)
+        for sha, uri in ((older, older_uri), (newer, newer_uri)):
+            if not await self.repo.ensure_commit(sha, self.ref):
+                raise CommitNotFound(f"git repository {self.repository} has no commit {sha} "
+                                     f"(from {uri})")
+        if older == newer:
+            return []
+        logged = await self.repo.first_parent_log(older, newer, limit + 1)
+        if len(logged) > limit:
+            raise NotOnFirstParent(f"more than {limit} commits lie between {older[:12]} and "
+                                   f"{newer[:12]} on {self.ref!r}")
+        # older..newer stops at the first commit older reaches: older itself when it is
+        # on the first-parent history, else the merge base or a root
+        if not logged or logged[-1].parents[:1] != (older,):
+            raise NotOnFirstParent(f"{older[:12]} is not on the first-parent history of "
+                                   f"{newer[:12]} in {self.repository}")
+        return [self._info(commit) for commit in reversed(logged)]
+
+    async def describe(self, uris: Sequence[str]) -> list[CommitInfo]:
+        shas: list[str] = []
+        for uri in uris:
+            with contextlib.suppress(CommitNotFound):  # another repository's: unknown here
+                sha = self._sha(uri)
+                if sha not in shas and await self.repo.ensure_commit(sha, self.ref):
+                    shas.append(sha)
+        return [self._info(commit) for commit in await self.repo.describe(shas)]
+
+    def _info(self, commit: LoggedCommit) -> CommitInfo:
+        parent = commit.parents[0] if commit.parents else None
+        return CommitInfo(uri=git_uri(self.repository, self.ref, commit.sha), sha=commit.sha,
+                          subject=commit.subject, author=commit.author,
+                          committed_at=commit.committed_at,
+                          parent_uri=git_uri(self.repository, self.ref, parent)
+                          if parent else None)
 
     def _sha(self, uri: str) -> str:
         commit = parse_uri(uri)

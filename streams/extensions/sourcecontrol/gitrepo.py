@@ -174,6 +174,22 @@ def _open_lock_file(path: Path) -> int:
 # --- a repository -------------------------------------------------------------------------
 
 
+_FIELD_END = "\x1f"
+_RECORD_END = "\x1e"
+_LOG_FORMAT = _FIELD_END.join(("%H", "%P", "%an", "%ae", "%cI", "%s")) + _RECORD_END
+
+
+@dataclass(frozen=True)
+class LoggedCommit:
+    """One commit as ``git log`` describes it."""
+
+    sha: str
+    parents: tuple[str, ...]
+    author: str  # "Name <email>"
+    committed_at: datetime | None
+    subject: str
+
+
 class GitRepository:
     """A repository as Stovepipe reads it: a local one in place, a remote one through its
     bare cache (see the module docstring). Shared by GitSourceControl and the command
@@ -306,6 +322,37 @@ class GitRepository:
             raise SourceControlError(f"git repository {self.repository}: commit {sha} has "
                                      f"an unreadable date {result.stdout.strip()!r}") from None
         return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+    async def first_parent_log(self, older: str, newer: str,
+                               limit: int) -> list[LoggedCommit]:
+        """The commits of ``newer``'s first-parent history that ``older`` cannot reach,
+        newest first, at most ``limit``: ``git log --first-parent older..newer``."""
+        return await self._log(["--first-parent", f"--max-count={limit}",
+                                f"{older}..{newer}"], f"log {older}..{newer}")
+
+    async def describe(self, shas: Sequence[str]) -> list[LoggedCommit]:
+        """The commits ``shas`` names, which the repository must have (any order)."""
+        if not shas:
+            return []
+        return await self._log(["--no-walk=unsorted", *shas], "log --no-walk")
+
+    async def _log(self, args: list[str], what: str) -> list[LoggedCommit]:
+        result = await self.git("log", f"--format={_LOG_FORMAT}", *args, "--")
+        if result.code != 0:
+            raise _local_failure(self.repository, what, result)
+        commits = []
+        for record in result.stdout.split(_RECORD_END):
+            fields = record.strip("\n").split(_FIELD_END)
+            if len(fields) != 6:
+                continue
+            sha, parents, name, email, when, subject = fields
+            try:
+                committed = datetime.fromisoformat(when)
+            except ValueError:
+                committed = None
+            commits.append(LoggedCommit(sha, tuple(parents.split()), f"{name} <{email}>",
+                                        committed, subject))
+        return commits
 
     async def branch_sha(self, branch: str, *, pushed: bool) -> str | None:
         """The sha ``branch`` points at, None when it does not exist: asked of the remote
