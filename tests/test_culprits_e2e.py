@@ -106,3 +106,84 @@ def test_one_push_of_eight_the_fifth_breaks(pipeline: Pipeline, tmp_path: Path) 
     # nothing dead-lettered or parked
     assert pipeline.dead_letters() == 0
     assert pipeline.query("SELECT count(*) FROM parked_message") == [(0,)]
+
+
+def test_a_break_fixed_inside_the_range(pipeline: Pipeline, tmp_path: Path) -> None:
+    """c2 breaks, c4 fixes, c7 breaks again, head c8 red: the culprit is c7 — the break
+    the red head is red for, found from the newest green commit — with 3 builds."""
+    branch = _start(pipeline, tmp_path)
+    outcomes = {1: "green", 2: "red", 3: "red", 4: "green", 5: "green", 6: "green",
+                7: "red", 8: "red"}
+    for n, outcome in outcomes.items():
+        branch.commit(f"c{n}", outcome)
+    head = pipeline.ingest(QUEUE)
+    found = wait_search(pipeline, "found")
+    assert found["culprit"] == branch.uri("c7")
+    assert found["builds"] == 3
+    assert [name for name, _ in branch.started()] == ["c0", "c8", "c4", "c6", "c7"]
+    pipeline.wait_quiet(timeout=120)
+    assert {name: degree for name, (_, degree) in facts_by_commit(pipeline, branch).items()
+            } == {"c0": 0.0, "c4": 0.0, "c6": 0.0, "c7": 1.0, "c8": 1.0}
+    assert request_of(pipeline, branch, "c8") == (head, "failed", "red")
+    # the bookmark moved forward twice, to c4 then c6; the promotion ref followed
+    [(bookmark,)] = pipeline.query("SELECT last_green_uri FROM queue")
+    assert bookmark == branch.uri("c6")
+    assert promoted(branch) == branch.shas["c6"]
+    assert pipeline.invariant_violations() == []
+
+
+def test_the_branch_going_green_stops_the_search(pipeline: Pipeline,
+                                                  tmp_path: Path) -> None:
+    """While the first backfill build (c4, green) runs, a fix lands and the branch is green
+    again: the search stops without another build, and c4's green fact arrives after the
+    bookmark moved to the fix — it never moves the bookmark or the promotion ref back."""
+    branch = _start(pipeline, tmp_path)
+    for n in range(1, 9):
+        branch.commit(f"c{n}", "green" if n < 6 else "red", hold="probe" if n == 4 else None)
+    head = pipeline.ingest(QUEUE)
+    wait_until(lambda: any(name == "c4" for name, _ in branch.started()), timeout=120,
+               what="the backfill build of c4 to start")
+    branch.commit("c9", "green")
+    fix = pipeline.ingest(QUEUE)
+    pipeline.wait_terminal([head, fix], timeout=120)
+    wait_until(lambda: promoted(branch) == branch.shas["c9"], timeout=60,
+               what="the promotion ref at the fix")
+    branch.release("probe")
+    found = wait_search(pipeline, "fixed")
+    assert found["culprit"] is None and found["builds"] == 1
+    assert "went green again" in found["detail"]
+    pipeline.wait_quiet(timeout=120)
+    facts = facts_by_commit(pipeline, branch)
+    assert facts["c4"] == ("request/mono/main/1~4", 0.0)
+    assert facts["c9"] == (fix, 0.0)
+    [(bookmark,)] = pipeline.query("SELECT last_green_request_id FROM queue")
+    assert bookmark == fix
+    assert promoted(branch) == branch.shas["c9"]
+    # no build after the fix: only c0, c8, c4 and c9 ever built
+    assert sorted(name for name, _ in branch.started()) == ["c0", "c4", "c8", "c9"]
+    assert pipeline.invariant_violations(strict_bookmark=False) == []
+
+
+def test_a_flaky_candidate_with_retry_red(pipeline: Pipeline, tmp_path: Path) -> None:
+    """With retry.red: 1 every red build is run again to tell a flake from a break: c4
+    fails once and then passes (a flake), so it counts as green, marked flaky, and the
+    culprit is still c5; c6 and c5 are red twice. 6 backfill builds, the queue's cap."""
+    branch = _start(pipeline, tmp_path, retry={"red": 1, "unvalidated": 0, "backoff": "1s"},
+                    backfill={"mode": "bisect", "max_builds": 6})
+    for n in range(1, 9):
+        outcome = "flaky" if n == 4 else ("green" if n < 5 else "red")
+        branch.commit(f"c{n}", outcome)
+    head = pipeline.ingest(QUEUE)
+    found = wait_search(pipeline, "found")
+    assert found["culprit"] == branch.uri("c5")
+    assert found["builds"] == 6
+    pipeline.wait_quiet(timeout=120)
+    assert backfill_builds(pipeline) == [
+        ("request/mono/main/1~4", 1, "failed"), ("request/mono/main/1~4", 2, "succeeded"),
+        ("request/mono/main/1~6", 1, "failed"), ("request/mono/main/1~6", 2, "failed"),
+        ("request/mono/main/1~5", 1, "failed"), ("request/mono/main/1~5", 2, "failed")]
+    flaky = pipeline.query("SELECT request_id, attempts, flaky, degree FROM validation_fact"
+                           " WHERE flaky")
+    assert flaky == [("request/mono/main/1~4", 2, True, 0.0)]
+    assert request_of(pipeline, branch, "c8") == (head, "failed", "red")
+    assert pipeline.invariant_violations() == []
