@@ -32,6 +32,7 @@ from store.facts import FactStore
 from store.ingest_leases import IngestLeaseStore
 from store.notifications import NotificationStore
 from store.parked import ParkedStore
+from store.pins import PinStore
 from store.queues import QueueStore
 from store.request_uris import RequestUriStore
 from store.requests import RequestStore
@@ -59,6 +60,7 @@ class Stores:
         self.worker_hosts = WorkerHostStore(source)
         self.culprit_searches = CulpritSearchStore(source)
         self.commit_infos = CommitInfoStore(source)
+        self.pins = PinStore(source)
 
 
 class _PoolSource:

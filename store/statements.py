@@ -340,7 +340,8 @@ WITH inserted AS (
     ON CONFLICT (queue, key) DO NOTHING
 )
 SELECT f.*, (SELECT last_green_request_id FROM moved) AS moved_to,
-       (SELECT last_green_request_id FROM queue WHERE name = %(queue)s) AS holder_before
+       (SELECT last_green_request_id FROM queue WHERE name = %(queue)s) AS holder_before,
+       (SELECT pinned_uri FROM queue WHERE name = %(queue)s) AS pinned_uri
   FROM fact f
  ORDER BY (f.request_id = %(request_id)s) DESC
  LIMIT 1

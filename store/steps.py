@@ -132,6 +132,7 @@ class Recorded:
 
     fact: ValidationFact | None  # None: a concurrent writer's fact is not visible yet
     holds_bookmark: bool
+    pinned_uri: str | None = None  # the promotion ref is pinned there (read after the fact)
 
 
 def verdict_of(status: BuildStatus) -> Verdict | None:
@@ -379,6 +380,6 @@ class StepStore(Store):
             return Recorded(None, False)
         fact = ValidationFact(**{k: row[k] for k in FACT_COLUMNS.split(", ")})
         holder = row["moved_to"] or row["holder_before"]
-        return Recorded(fact, holder == request_id)
+        return Recorded(fact, holder == request_id, row["pinned_uri"])
 
 

@@ -3,6 +3,7 @@
     worker    run the stages (worker.py)       ingest, poll   ingest heads (ingest.py)
     request, queue, fact   read state (show.py) topics, db     set up Kafka / PostgreSQL
     retry                  validate a commit again (retry.py)
+    pin, unpin             hold the promotion ref during an incident (pin.py)
     replay, dlq, parked    recover (replay.py, dlq.py, parked.py; kafka.py is shared)
     dev, demo              the local stack and the demo (dev.py, demo.py)
 """
@@ -27,6 +28,8 @@ COMMANDS: dict[str, str] = {
     "queue": "streams.cli.show:queue_command",
     "fact": "streams.cli.show:fact_command",
     "retry": "streams.cli.retry:retry_command",
+    "pin": "streams.cli.pin:pin_command",
+    "unpin": "streams.cli.pin:unpin_command",
     "replay": "streams.cli.replay:replay_command",
     "dlq": "streams.cli.dlq:dlq_group",
     "parked": "streams.cli.parked:parked_group",

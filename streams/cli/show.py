@@ -133,6 +133,9 @@ def queue_command(name: str, as_json: bool) -> None:
         f"  last green  {q.last_green_uri or '-'}"
         + (f"  ({q.last_green_request_id})" if q.last_green_request_id else ""),
         f"  in flight   {q.in_flight_count}",
+        *([f"  pinned      promotion ref held at {q.pinned_uri} by {q.pinned_by} since "
+           f"{q.pinned_at.isoformat() if q.pinned_at else '?'}: {q.pinned_reason}"]
+          if q.pinned_uri else []),
         f"  latest      {latest.id}  {state_text(latest)}" if latest else "  latest      -",
     ])
 

@@ -104,7 +104,7 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
                 # the ref must be read before the bookmark is checked: the next delivery
                 # starts over in that order
                 raise unread
-            await _promote(ctx, fact, target)
+            await _promote(ctx, fact, target, recorded.pinned_uri)
         except Exception as exc:
             # the fact and the bookmark are written; the ref, a cache of the bookmark,
             # follows once the repository answers
@@ -185,20 +185,29 @@ async def _promotion_target(ctx: StageContext, queue: str) -> str | None:
     return await ctx.deps.extensions.source_control(queue).promotion_target()
 
 
-async def _promote(ctx: StageContext, fact: ValidationFact, target: str | None) -> None:
+async def _promote(ctx: StageContext, fact: ValidationFact, target: str | None,
+                   pinned: str | None) -> None:
     """Move the promotion ref to ``fact`` while it holds the bookmark, by compare-and-set
     on the ref: read where the ref is (``target``, read before the caller found ``fact``
     holding the bookmark), *then* whether ``fact`` still holds the bookmark, then move the
     ref only if it is still where it was read. A newer holder that promoted in between
     makes the set fail, and the next round sees the bookmark moved on; one that promotes
-    after us finds our value and moves it forward. So the ref never goes back."""
+    after us finds our value and moves it forward. So the ref never goes back.
+
+    While the queue is pinned (`streams.stages.pins`) the ref stays where the pin put it;
+    the pin is read after the ref, like the bookmark, so a pin written meanwhile makes
+    this set fail (the pin moved the ref) or is seen on the next round."""
     source_control = ctx.deps.extensions.source_control(fact.queue)
     for attempt in range(CAS_ATTEMPTS):
         if attempt:
             target = await source_control.promotion_target()
             queue: Queue = await ctx.deps.db.queues.get(fact.queue)
+            pinned = queue.pinned_uri
             if queue.last_green_request_id != fact.request_id:
                 return  # a newer green commit holds the bookmark: it promotes
+        if pinned is not None:
+            ctx.log.info("promotion_pinned pinned=%s", pinned)
+            return  # held during an incident: unpin moves it to the bookmark
         if target == fact.uri:
             return  # done already
         try:

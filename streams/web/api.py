@@ -5,9 +5,15 @@
     POST /api/queues/{queue}/ingest      validate the queue's current head now
     POST /api/queues/{queue}/retry       validate a commit again ({"commit": C}; no body:
                                          the queue's newest head)
+    POST /api/queues/{queue}/pin         hold the promotion ref at a green commit
+                                         ({"commit": C, "reason": R, "by": B})
+    POST /api/queues/{queue}/unpin       let it follow the bookmark again ({"by": B})
     GET  /api/queues                     every configured queue at a glance
     GET  /api/queues/{queue}             one queue: bookmark, promotion ref, slots, latest
     GET  /api/queues/{queue}/requests    its recent Requests, newest first (?limit=1..100)
+    GET  /api/queues/{queue}/history     its last heads and built commits in history
+                                         order, newest first, with subjects, authors,
+                                         build links and time to signal (?limit=1..200)
     GET  /api/requests/{request_id}      a Request, its builds (attempts), its own fact and
                                          its commit's answer
     GET  /api/queues/{queue}/green?sha=S is this commit green, and if not, its newest green
@@ -22,7 +28,8 @@
 
 Queue names and request ids contain '/'. Both may be written as they are or URL-encoded
 (`/api/queues/team%2Fmain`); a queue whose name itself ends in `/requests`, `/green`,
-`/ingest` or `/retry` can only be named encoded.
+`/ingest`, `/retry`, `/pin` or `/unpin` can only be named encoded.
+So can one whose name ends in `/history`.
 
 A deploy gate always gets an answer it can read `.green` from: a commit the repository
 does not have is `"green": false, "known": false` with the reason (200), not an error.
@@ -33,7 +40,8 @@ bearer token (their answers are listed in streams/web/webhooks.py).
 Every error is JSON `{"error": message}`, never a traceback: 400 malformed input, 401
 missing or wrong bearer token (POST only, and only when a token is configured), 404
 unknown queue, request, commit or endpoint, 409 a green commit asked to be validated
-again (with its `fact`), 422 the queue's repository or ref does not exist, 502 a
+again (with its `fact`), or a pin refused (a red or unvalidated commit, no promotion
+ref), 422 the queue's repository or ref does not exist, 502 a
 dependency refused for good, 503 the worker is starting or a dependency (database, Kafka,
 repository) is unavailable or too slow, 500 anything else (logged by the worker).
 """
@@ -47,6 +55,7 @@ import logging
 import re
 import socket
 from collections.abc import Awaitable, Callable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +76,17 @@ from streams.runtime.stage import Delivery
 from streams.runtime.worker import RuntimeService
 from streams.stages.deps import Deps
 from streams.stages.ingest import ingest_head
+from streams.stages.pins import PinRefused, pin_promotion, unpin_promotion
 from streams.stages.revalidate import AlreadyGreen, NeverIngested, validate_again
-from streams.web import gate, queries
+from streams.web import gate, history, queries
 from streams.web.errors import ApiError
-from streams.web.params import commit_param, int_param, required_param, retry_commit
+from streams.web.params import (
+    commit_param,
+    int_param,
+    pin_fields,
+    required_param,
+    retry_commit,
+)
 from streams.web.webhooks import Webhooks
 
 log = logging.getLogger("stovepipe.http")
@@ -246,6 +262,41 @@ class Api:
                       "new": done.new, "previous_id": done.previous_id},
                      status=201 if done.new else 200)
 
+    async def pin(self, request: web.Request, queue: str) -> web.Response:
+        self._require_token(request)
+        fields = await pin_fields(request, needs_commit=True)
+        deps = self._delivery().deps
+        try:
+            async with asyncio.timeout(INGEST_DEADLINE):
+                done = await pin_promotion(deps, queue, fields["commit"], by=fields["by"],
+                                           reason=fields["reason"])
+        except PinRefused as exc:
+            raise ApiError(409, str(exc)) from None
+        except ValueError as exc:  # not a sha (or, its subclass, not a queue name)
+            raise ApiError(400, str(exc)) from None
+        q = done.queue
+        log.info("http_pin queue=%s uri=%s by=%s", queue, q.pinned_uri, q.pinned_by)
+        return _json({"queue": q.name, "pinned_uri": q.pinned_uri,
+                      "pinned_request_id": q.pinned_request_id, "pinned_by": q.pinned_by,
+                      "pinned_reason": q.pinned_reason, "pinned_at": q.pinned_at,
+                      "previous_target": done.previous_target,
+                      "last_green_uri": q.last_green_uri})
+
+    async def unpin(self, request: web.Request, queue: str) -> web.Response:
+        self._require_token(request)
+        fields = await pin_fields(request, needs_commit=False)
+        deps = self._delivery().deps
+        try:
+            async with asyncio.timeout(INGEST_DEADLINE):
+                done = await unpin_promotion(deps, queue, by=fields["by"])
+        except PinRefused as exc:
+            raise ApiError(409, str(exc)) from None
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        log.info("http_unpin queue=%s was=%s by=%s", queue, done.was_pinned, fields["by"])
+        return _json({"queue": done.queue.name, "was_pinned": done.was_pinned,
+                      "target": done.target, "last_green_uri": done.queue.last_green_uri})
+
     async def github_webhook(self, request: web.Request) -> web.Response:
         return await self.webhooks.github(request)  # signed, so no bearer token
 
@@ -275,6 +326,19 @@ class Api:
             recent = await queries.recent_requests(deps.db, queue, limit)
         return _json({"queue": queue, "requests": [
             {"request": r.request, "fact": r.fact, "green": r.green} for r in recent]})
+
+    async def queue_history(self, request: web.Request, queue: str) -> web.Response:
+        limit = int_param(request, "limit", history.DEFAULT_LIMIT, 1, history.MAX_LIMIT)
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        deps.queue_config(queue)
+        async with asyncio.timeout(READ_DEADLINE):
+            return _json(await history.queue_history(deps, queue, limit,
+                                                     self._commit_descriptions))
+
+    @cached_property
+    def _commit_descriptions(self) -> history.CommitDescriptions:
+        return history.CommitDescriptions()
 
     async def request(self, request: web.Request, request_id: str) -> web.Response:
         try:
@@ -398,11 +462,15 @@ def _unknown_commit(asked: dict[str, Any], exc: CommitNotFound) -> dict[str, Any
 # --- mounting ---------------------------------------------------------------------------
 
 # Registration order matters where patterns overlap: the `/ingest`, `/retry`, `/requests`
-# and `/green` routes are tried before the plain queue route, whose name may contain '/'.
+# and `/green` routes are tried before the plain queue route, whose name may contain '/'
+# (and so is `/history`).
 _ROUTES: tuple[tuple[str, str, str], ...] = (
     ("post", "/api/queues/{queue:.+}/ingest", "ingest"),
     ("post", "/api/queues/{queue:.+}/retry", "retry"),
+    ("post", "/api/queues/{queue:.+}/pin", "pin"),
+    ("post", "/api/queues/{queue:.+}/unpin", "unpin"),
     ("get", "/api/queues/{queue:.+}/requests", "queue_requests"),
+    ("get", "/api/queues/{queue:.+}/history", "queue_history"),
     ("get", "/api/queues/{queue:.+}/green", "green"),
     ("get", "/api/queues/{queue:.+}", "queue"),
     ("get", "/api/queues", "queues"),

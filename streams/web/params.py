@@ -10,6 +10,7 @@ from aiohttp import web
 from streams.web.errors import ApiError
 
 RETRY_BODY_LIMIT = 4096  # bytes: a retry names one commit
+PIN_BODY_LIMIT = 8192  # bytes: a commit, who and why
 
 
 def required_param(request: web.Request, name: str) -> str:
@@ -66,3 +67,24 @@ def int_param(request: web.Request, name: str, default: int, low: int, high: int
         raise ApiError(400, f"query parameter {name!r} must be an integer from {low} to "
                             f"{high}, got {raw!r}")
     return int(raw)
+
+
+async def pin_fields(request: web.Request, *, needs_commit: bool) -> dict[str, str]:
+    """The fields of a pin (`{"commit": C, "reason": R, "by": B}`) or an unpin
+    (`{"by": B}`): each a non-empty string."""
+    wanted = {"commit", "reason", "by"} if needs_commit else {"by"}
+    example = ('{"commit": "<sha, prefix or URI>", "reason": "<why>", "by": "<who>"}'
+               if needs_commit else '{"by": "<who>"}')
+    if request.content_length is not None and request.content_length > PIN_BODY_LIMIT:
+        raise ApiError(413, f"the body is at most {PIN_BODY_LIMIT} bytes")
+    raw = await request.content.read(PIN_BODY_LIMIT + 1)
+    if len(raw) > PIN_BODY_LIMIT:
+        raise ApiError(413, f"the body is at most {PIN_BODY_LIMIT} bytes")
+    try:
+        body = json.loads(raw) if raw.strip() else None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"the body is not JSON ({exc}); send {example}") from None
+    if not isinstance(body, dict) or set(body) != wanted or not all(
+            isinstance(v, str) and v.strip() for v in body.values()):
+        raise ApiError(400, f"the body is {example}, every field a non-empty string")
+    return {k: v.strip() for k, v in body.items()}

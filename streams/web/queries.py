@@ -134,10 +134,29 @@ async def queue_state(db: Database, name: str) -> Queue | None:
 
 
 @dataclass(frozen=True)
+class Pin:
+    """The promotion ref held at a green commit (`stovepipe pin`): which, who, when, why."""
+
+    uri: str
+    request_id: str
+    by: str | None
+    reason: str | None
+    at: datetime | None
+
+
+@dataclass(frozen=True)
 class PromotionRef:
     name: str
     target: str | None  # None: not promoted yet, or the repository did not answer
     target_known: bool  # whether the repository answered
+    pinned: Pin | None = None  # None: it follows the bookmark
+
+
+def pin_of(row: Queue | None) -> Pin | None:
+    if row is None or row.pinned_uri is None or row.pinned_request_id is None:
+        return None
+    return Pin(row.pinned_uri, row.pinned_request_id, row.pinned_by, row.pinned_reason,
+               row.pinned_at)
 
 
 @dataclass(frozen=True)
@@ -170,20 +189,20 @@ async def queue_overview(deps: Deps, name: str) -> QueueOverview:
         in_flight=row.in_flight_count if row else 0,
         last_green_uri=row.last_green_uri if row else None,
         last_green_request_id=row.last_green_request_id if row else None,
-        promotion_ref=await _promotion_ref(deps, name),
+        promotion_ref=await _promotion_ref(deps, name, pin_of(row)),
         latest_request=latest,
     )
 
 
-async def _promotion_ref(deps: Deps, name: str) -> PromotionRef | None:
+async def _promotion_ref(deps: Deps, name: str, pinned: Pin | None) -> PromotionRef | None:
     ref_name = getattr(deps.queue_config(name).source_control, "promotion_ref", None)
     if not ref_name:
         return None
     try:
         target = await deps.extensions.source_control(name).promotion_target()
     except SourceControlError:  # the rest of the overview still answers
-        return PromotionRef(ref_name, None, False)
-    return PromotionRef(ref_name, target, True)
+        return PromotionRef(ref_name, None, False, pinned)
+    return PromotionRef(ref_name, target, True, pinned)
 
 
 # --- health -----------------------------------------------------------------------------

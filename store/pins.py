@@ -1,0 +1,97 @@
+"""PinStore: the promotion ref held at a green commit during an incident (migration 0010).
+
+A pin is kept on the queue's row (`Queue.pinned_*`: which commit, who, when, why), so the
+record stage reads it with the bookmark, and in `promotion_pin`, every pin and unpin
+ever made. The database refuses a pin that names no green fact of the queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from store._base import Store
+from store.entities import Queue
+from store.errors import NotFound
+from store.queues import _COLUMNS as _QUEUE_COLUMNS
+from store.queues import _queue
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """One pin of a queue's promotion ref, and its unpin once there was one."""
+
+    id: int
+    queue: str
+    uri: str
+    request_id: str
+    pinned_by: str
+    reason: str
+    pinned_at: datetime
+    unpinned_by: str | None
+    unpinned_at: datetime | None
+
+
+_PIN_COLUMNS = ("id, queue, uri, request_id, pinned_by, reason, pinned_at, unpinned_by,"
+                " unpinned_at")
+
+
+class PinStore(Store):
+    entity = "promotion_pin"
+
+    async def pin(self, queue: str, uri: str, request_id: str, *, by: str,
+                  reason: str) -> Queue:
+        """Hold the promotion ref at ``uri`` (whose green fact is ``request_id``'s): the
+        queue's pin, replacing any earlier one (closed in the history). NotFound for a
+        queue without a row; InvariantViolation for a commit without that green fact."""
+        key = {"queue": queue}
+        row = await self._fetch_one(
+            "WITH closed AS ("
+            " UPDATE promotion_pin SET unpinned_by = %(by)s, unpinned_at = now()"
+            " WHERE queue = %(queue)s AND unpinned_at IS NULL RETURNING id"
+            "), pinned AS ("
+            " UPDATE queue SET pinned_uri = %(uri)s, pinned_request_id = %(request_id)s,"
+            " pinned_by = %(by)s, pinned_reason = %(reason)s, pinned_at = now(),"
+            " version = version + 1, updated_at = now()"
+            f" WHERE name = %(queue)s RETURNING {_QUEUE_COLUMNS}"
+            "), logged AS ("
+            " INSERT INTO promotion_pin (queue, uri, request_id, pinned_by, reason)"
+            " SELECT %(queue)s, %(uri)s, %(request_id)s, %(by)s, %(reason)s FROM pinned"
+            " RETURNING id"
+            f") SELECT {_QUEUE_COLUMNS} FROM pinned",
+            {**key, "uri": uri, "request_id": request_id, "by": by, "reason": reason},
+            key=key)
+        if row is None:
+            raise NotFound("queue", {"name": queue})
+        return _queue(row)
+
+    async def unpin(self, queue: str, *, by: str) -> tuple[Queue, str | None]:
+        """Let the promotion ref follow the bookmark again; the commit that was pinned
+        (None: nothing was). NotFound for a queue without a row."""
+        key = {"queue": queue}
+        row = await self._fetch_one(
+            "WITH before AS ("
+            " SELECT pinned_uri FROM queue WHERE name = %(queue)s FOR UPDATE"
+            "), closed AS ("
+            " UPDATE promotion_pin SET unpinned_by = %(by)s, unpinned_at = now()"
+            " WHERE queue = %(queue)s AND unpinned_at IS NULL RETURNING id"
+            "), cleared AS ("
+            " UPDATE queue SET pinned_uri = NULL, pinned_request_id = NULL,"
+            " pinned_by = NULL, pinned_reason = NULL, pinned_at = NULL,"
+            " version = version + 1, updated_at = now()"
+            " WHERE name = %(queue)s AND EXISTS (SELECT 1 FROM before)"
+            f" RETURNING {_QUEUE_COLUMNS}"
+            ") SELECT c.*, (SELECT pinned_uri FROM before) AS was_pinned FROM cleared c",
+            {**key, "by": by}, key=key)
+        if row is None:
+            raise NotFound("queue", {"name": queue})
+        was = row.pop("was_pinned")
+        return _queue(row), was
+
+    async def history(self, queue: str, limit: int = 20) -> list[Pin]:
+        """The queue's pins, newest first."""
+        rows = await self._fetch_all(
+            f"SELECT {_PIN_COLUMNS} FROM promotion_pin WHERE queue = %(queue)s"
+            " ORDER BY id DESC LIMIT %(limit)s", {"queue": queue, "limit": limit},
+            key={"queue": queue})
+        return [Pin(**row) for row in rows]

@@ -1,0 +1,115 @@
+"""`stovepipe pin QUEUE COMMIT --reason TEXT` and `stovepipe unpin QUEUE`: hold the
+promotion ref at a green commit during an incident, and let it follow the bookmark again
+(`streams.stages.pins`)."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import click
+
+from streams.cli.common import emit, json_option, open_db, queues_option, run_async
+from streams.config.queues import Extensions, load_queues
+from streams.stages.deps import Deps
+from streams.stages.pins import Pinned, PinRefused, Unpinned, pin_promotion, unpin_promotion
+
+T = TypeVar("T")
+REFUSED = 4
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name: the host still says something
+        user = "someone"
+    return f"{user}@{socket.gethostname()}"
+
+
+by_option = click.option("--by", default=None,
+                         help="Who pins or unpins (default: user@host of this shell).")
+
+
+async def _with_deps(queues_file: Path | None, action: Callable[[Deps], Awaitable[T]]) -> T:
+    queues = load_queues(queues_file)
+    db = await open_db()
+    deps = Deps(db=db, queues=queues, extensions=Extensions(queues, db))
+    try:
+        return await action(deps)
+    finally:
+        await deps.extensions.aclose()
+        await db.close()
+
+
+def _refused(exc: Exception) -> None:
+    click.echo(f"Refused: {exc}", err=True)
+    raise SystemExit(REFUSED)
+
+
+@click.command("pin")
+@click.argument("queue")
+@click.argument("commit")
+@click.option("--reason", required=True, help="Why the promotion ref is held (kept and "
+                                              "shown with it).")
+@by_option
+@queues_option
+@json_option
+def pin_command(queue: str, commit: str, reason: str, by: str | None,
+                queues_file: Path | None, as_json: bool) -> None:
+    """Hold QUEUE's promotion ref at COMMIT (a green commit of the queue: a full sha, a
+    unique prefix or its URI) while the bookmark keeps moving: for an incident. Who,
+    when and why are kept and shown wherever the ref is; `stovepipe unpin` lets it follow
+    the bookmark again.
+
+    Exit status: 0 pinned; 4 refused (the commit is red or was never validated, or the
+    queue has no promotion ref); 1 malformed input, an unknown queue or commit, or
+    Stovepipe unreachable."""
+    try:
+        done: Pinned = run_async(lambda: _with_deps(queues_file, lambda deps: pin_promotion(
+            deps, queue, commit, by=by or _who(), reason=reason)))
+    except PinRefused as exc:
+        _refused(exc)
+        return
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    q = done.queue
+    emit(as_json, {"queue": q.name, "pinned_uri": q.pinned_uri,
+                   "pinned_request_id": q.pinned_request_id, "pinned_by": q.pinned_by,
+                   "pinned_reason": q.pinned_reason, "pinned_at": q.pinned_at,
+                   "previous_target": done.previous_target,
+                   "last_green_uri": q.last_green_uri},
+         [f"{q.name}: promotion ref pinned at {q.pinned_uri}",
+          f"  by {q.pinned_by} at {q.pinned_at.isoformat() if q.pinned_at else '?'}: "
+          f"{q.pinned_reason}",
+          f"  was at {done.previous_target or '-'}; the bookmark is at "
+          f"{q.last_green_uri or '-'} and keeps moving"])
+
+
+@click.command("unpin")
+@click.argument("queue")
+@by_option
+@queues_option
+@json_option
+def unpin_command(queue: str, by: str | None, queues_file: Path | None,
+                  as_json: bool) -> None:
+    """Let QUEUE's promotion ref follow the bookmark again, moving it to the bookmark now.
+
+    Exit status: 0 unpinned (or nothing was pinned: said on stderr); 4 refused (the queue
+    has no promotion ref, or no state yet); 1 malformed input or Stovepipe unreachable."""
+    try:
+        done: Unpinned = run_async(lambda: _with_deps(queues_file, lambda deps: (
+            unpin_promotion(deps, queue, by=by or _who()))))
+    except PinRefused as exc:
+        _refused(exc)
+        return
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    emit(as_json, {"queue": done.queue.name, "was_pinned": done.was_pinned,
+                   "target": done.target, "last_green_uri": done.queue.last_green_uri},
+         [f"{done.queue.name}: promotion ref follows the bookmark again, now at "
+          f"{done.target or '-'}"])
+    if done.was_pinned is None:
+        click.echo(f"{queue} was not pinned", err=True)
