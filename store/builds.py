@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from store._base import Row, Store
 from store.entities import Build, BuildStatus, RequestState, Verdict
 from store.errors import AlreadyExists, AmbiguousKey, InvariantViolation, NotFound, VersionMismatch
@@ -168,3 +170,16 @@ class BuildStore(Store):
         )
         return [(_build({k: v for k, v in row.items() if k != "request_state"}),
                  RequestState(row["request_state"])) for row in rows]
+
+    async def latest_of_requests(self, queue: str,
+                                 request_ids: Sequence[str]) -> dict[str, Build]:
+        """Each Request's latest build (its highest attempt), by request id; a Request
+        without a build is absent (one read of build_attempt_idx)."""
+        if not request_ids:
+            return {}
+        rows = await self._fetch_all(
+            f"SELECT DISTINCT ON (request_id) {_COLUMNS} FROM build"
+            " WHERE queue = %(queue)s AND request_id = ANY(%(ids)s)"
+            " ORDER BY request_id, attempt DESC, created_at DESC, id",
+            {"queue": queue, "ids": list(request_ids)}, key={"queue": queue})
+        return {row["request_id"]: _build(row) for row in rows}

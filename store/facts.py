@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from store._base import Row, Store
 from store.entities import Order, ValidationFact, check_degree
 
@@ -116,3 +118,16 @@ class FactStore(Store):
                                      {"queue": queue, "rank": list(rank), "limit": limit},
                                      key={"queue": queue})
         return [_fact(row) for row in rows]
+
+    async def of_requests(self, queue: str, request_ids: Sequence[str],
+                          project: str = "") -> dict[str, ValidationFact]:
+        """The facts these Requests recorded, by request id (one read of the primary
+        key; a Request without a fact is absent)."""
+        if not request_ids:
+            return {}
+        rows = await self._fetch_all(
+            f"SELECT {_COLUMNS} FROM validation_fact WHERE queue = %(queue)s"
+            " AND request_id = ANY(%(ids)s) AND project = %(project)s",
+            {"queue": queue, "ids": list(request_ids), "project": project},
+            key={"queue": queue})
+        return {row["request_id"]: _fact(row) for row in rows}
