@@ -24,10 +24,12 @@ from tests.culprit_support import (
     search_row,
     wait_search,
 )
+from tests.notify_http import SLACK, WEBHOOK, FakeServices, fake_services
 from tests.pipeline_support import Pipeline
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
+WEBHOOK_ENV, SLACK_ENV = "STOVEPIPE_TEST_WEBHOOK_URL", "STOVEPIPE_TEST_SLACK_URL"
 
 
 def _start(pipeline: Pipeline, tmp_path: Path, **knobs: object) -> Branch:
@@ -187,3 +189,66 @@ def test_a_flaky_candidate_with_retry_red(pipeline: Pipeline, tmp_path: Path) ->
     assert flaky == [("request/mono/main/1~4", 2, True, 0.0)]
     assert request_of(pipeline, branch, "c8") == (head, "failed", "red")
     assert pipeline.invariant_violations() == []
+
+
+def test_alerts_name_the_culprit(pipeline: Pipeline, tmp_path: Path) -> None:
+    """The red alert says the culprit is being looked for, and a later message names it
+    when bisection found it; a red commit right after a green one is named in the red
+    alert itself."""
+    with fake_services() as services:
+        branch = _start_notifying(pipeline, tmp_path, services)
+        for n, outcome in ((1, "green"), (2, "green"), (3, "red"), (4, "red")):
+            branch.commit(f"c{n}", outcome, hold="probe" if n == 2 else None)
+        head = pipeline.ingest(QUEUE)
+        # the first backfill build (c2) is held until the red alert went out
+        wait_until(lambda: len(services.delivered(SLACK)) == 1, timeout=60,
+                   what="the red alert")
+        branch.release("probe")
+        found = wait_search(pipeline, "found")
+        assert found["culprit"] == branch.uri("c3") and found["builds"] == 2
+        wait_until(lambda: len(services.delivered(SLACK)) == 2, timeout=60,
+                   what="the red alert and the culprit's message")
+        c3 = branch.shas["c3"]
+        red, culprit = (b["text"] for b in services.delivered(SLACK))
+        assert red.startswith(f":red_circle: Stovepipe: {QUEUE} is RED at "
+                              f"{branch.shas['c4'][:12]} ({head}; was green). Finding the "
+                              f"culprit among 4 commits (bisecting)"), red
+        assert culprit.startswith(
+            f":mag: Stovepipe: {QUEUE} has been red since "), culprit
+        assert (f'; the culprit is {c3[:12]} "c3: make it red" by Ada Lovelace '
+                f"<ada@example.invalid> (found after 2 backfill builds).") in culprit
+        posted = services.delivered(WEBHOOK)
+        assert [p["event"] for p in posted] == ["red", "culprit"]
+        assert posted[0]["bisecting"] == {"commits": 4, "builds": 0}
+        named = posted[1]["culprit"]
+        assert (named["sha"], named["subject"], named["request_id"], named["builds"]) == (
+            c3, "c3: make it red", "request/mono/main/1~3", 2)
+
+        # fixed, then broken by the next commit alone: the red alert names it at once
+        branch.commit("c5", "green")
+        fixed = pipeline.ingest(QUEUE)
+        pipeline.wait_terminal([fixed], timeout=120)
+        branch.commit("c6", "red")
+        broken = pipeline.ingest(QUEUE)
+        wait_until(lambda: len(services.delivered(SLACK)) == 4, timeout=60,
+                   what="the green and the second red alert")
+        again = services.delivered(SLACK)[3]["text"]
+        assert again.startswith(f":red_circle: Stovepipe: {QUEUE} is RED at "
+                                f"{branch.shas['c6'][:12]} ({broken}; was green). Culprit: "
+                                f'{branch.shas["c6"][:12]} "c6: make it red" by Ada '
+                                f"Lovelace <ada@example.invalid>."), again
+        assert search_row(pipeline)["builds"] == 0
+        pipeline.wait_quiet(timeout=60)
+        assert len(services.delivered(SLACK)) == 4  # no separate message for c6
+
+
+def _start_notifying(pipeline: Pipeline, tmp_path: Path, services: FakeServices) -> Branch:
+    branch = Branch(tmp_path)
+    add_culprit_queue(pipeline, branch, notify={"webhook": {"url_env": WEBHOOK_ENV},
+                                                "slack": {"url_env": SLACK_ENV}})
+    branch.commit("c0", "green")
+    pipeline.start_worker(env={WEBHOOK_ENV: services.webhook_url,
+                               SLACK_ENV: services.slack_url})
+    first = pipeline.ingest(QUEUE)
+    pipeline.wait_terminal([first], timeout=120)
+    return branch

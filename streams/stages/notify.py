@@ -24,9 +24,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import quote
 
+from store import NotFound
+from store.culprits import SearchState
 from store.notifications import Notification, StaleRule
 from streams.config.queues import UnknownQueue
 from streams.config.settings import load_settings
@@ -45,6 +48,7 @@ BATCH = 50  # rows claimed per round
 LEASE = 60.0  # seconds a claimed row is left to its sender
 RETRY_BASE, RETRY_CAP = 1.0, 60.0  # backoff after attempt n: base * 2**(n-1), capped
 RETRY_AFTER_CAP = 600.0  # the longest a service's Retry-After is honoured
+CULPRIT_WAIT = 15.0  # seconds a red alert waits for its culprit search to be opened
 
 Result = Literal["sent", "retried", "given_up"]
 
@@ -92,7 +96,13 @@ async def _deliver(deps: Deps, row: Notification,
     """What became of ``row``, and the error when it was not sent."""
     try:
         notifier = deps.extensions.notifier(row.queue, row.channel)
-        await notifier.send(notice_of(row, public_url))
+        culprit = await culprit_details(deps, row, public_url)
+        if culprit is None:
+            # a red alert whose culprit search is being opened: a second, to say more
+            await deps.db.notifications.retry_later(row, 1.0, "waiting for the culprit "
+                                                              "search to open")
+            return "retried", "waiting for the culprit search to open"
+        await notifier.send(notice_of(row, public_url, culprit))
     except UnknownQueue:
         return await _give_up(deps, row, f"queue {row.queue!r} is no longer configured")
     except NotifyError as exc:
@@ -128,7 +138,49 @@ def request_link(public_url: str | None, request_id: str | None) -> str | None:
     return f"{public_url}/#request={quote(request_id, safe='/')}"
 
 
-def notice_of(row: Notification, public_url: str | None) -> Notice:
+async def culprit_details(deps: Deps, row: Notification,
+                          public_url: str | None) -> dict[str, Any] | None:
+    """What a red alert or a culprit alert says about the culprit: ``culprit`` (sha,
+    subject, author, time, the Request and its link) when the search named it,
+    ``bisecting`` (commits left, builds spent) while it looks, nothing otherwise. None
+    asks to wait: a red alert of a queue that finds culprits, sent before its search was
+    opened (the record that wrote it opens the search next), is held for a few
+    seconds."""
+    event = row.event
+    if event.get("kind") != "alert" or event.get("event") not in ("red", "culprit"):
+        return {}
+    red_id = event.get("red_request_id") or event.get("request_id")
+    if not red_id:
+        return {}
+    try:
+        search = await deps.db.culprit_searches.get(row.queue, str(red_id))
+    except NotFound:
+        try:
+            finds = deps.queue_config(row.queue).backfill.enabled
+        except UnknownQueue:
+            finds = False
+        young = (datetime.now(UTC) - row.created_at).total_seconds() < CULPRIT_WAIT
+        return None if finds and young and event.get("event") == "red" else {}
+    if search.state is SearchState.BISECTING:
+        return {"bisecting": {"commits": len(search.suspects),
+                              "builds": search.builds}}
+    if search.culprit_uri is None:
+        return {"search": {"state": search.state.value, "detail": search.detail}}
+    described = await deps.db.commit_infos.of(row.queue, [search.culprit_uri])
+    info = described.get(search.culprit_uri)
+    ended = search.ended_at or search.updated_at
+    return {"culprit": {
+        "uri": search.culprit_uri, "sha": commit_sha(search.culprit_uri),
+        "subject": info.subject if info else None, "author": info.author if info else None,
+        "committed_at": info.committed_at.isoformat() if info and info.committed_at else None,
+        "request_id": search.culprit_request_id,
+        "link": request_link(public_url, search.culprit_request_id),
+        "builds": search.builds, "found_at": ended.isoformat(),
+        "found_after_s": round((ended - search.created_at).total_seconds(), 1)}}
+
+
+def notice_of(row: Notification, public_url: str | None,
+              culprit: dict[str, Any] | None = None) -> Notice:
     event: dict[str, Any] = row.event
     kind = event.get("kind")
     if kind not in ("status", "alert"):
@@ -139,6 +191,9 @@ def notice_of(row: Notification, public_url: str | None) -> Notice:
                if event.get(k) is not None}
     if event.get("flaky"):  # green on a re-run of a red build: say so, with the attempts
         details.update(flaky=True, attempts=event.get("attempts"))
+    if event.get("red_since"):
+        details["red_since"] = event["red_since"]
+    details.update(culprit or {})
     return Notice(kind=kind, event=str(event["state" if kind == "status" else "event"]),
                   queue=row.queue, request_id=request_id, uri=uri,
                   sha=commit_sha(uri) if uri else None, at=str(event.get("at", "")),

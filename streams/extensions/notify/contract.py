@@ -2,7 +2,7 @@
 greenness (issue 11).
 
 A `Notice` is one thing to say — a commit status (`pending`, `success`, `failure`,
-`error`) or an alert (`red`, `green`, `stale`) — with the ids it is about. A notifier
+`error`) or an alert (`red`, `green`, `stale`, `culprit`) — with the ids it is about. A notifier
 posts it to one channel (GitHub's commit statuses, a JSON webhook, a Slack incoming
 webhook) and classifies its own failures: `NotifyError.retryable` (HTTP 5xx, 408, 429,
 rate limits, timeouts, refused connections), optionally with how long the service asked
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 STATUS_STATES = ("pending", "success", "failure", "error")
-ALERT_EVENTS = ("red", "green", "stale")
+ALERT_EVENTS = ("red", "green", "stale", "culprit")
 
 
 class NotifyError(Exception):
@@ -41,7 +41,11 @@ class Notice:
     (None when its source control cannot say); ``link`` is where a person reads more (the
     Request in Stovepipe's API), None without a public URL. ``at`` is when the cause was
     recorded (ISO 8601). ``details`` carries what a kind adds: ``description`` for a
-    status; ``latest_request_id`` and ``behind_since`` for a stale alert."""
+    status; ``latest_request_id`` and ``behind_since`` for a stale alert; for a red alert
+    ``culprit`` (sha, subject, author, committed_at, request_id, link, builds, found_at)
+    when the commit that broke the branch is known, ``bisecting`` (commits left, builds)
+    while it is being looked for; a ``culprit`` alert (the culprit found after the red
+    alert) carries ``culprit`` and ``red_since``."""
 
     kind: Literal["status", "alert"]
     event: str

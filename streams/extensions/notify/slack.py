@@ -10,7 +10,7 @@ URL is a secret, so it is never written in queues.yaml. Slack answers 200 ``ok``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic.dataclasses import dataclass as spec_dataclass
 
@@ -44,12 +44,34 @@ def alert_text(notice: Notice) -> str:
         return (f":hourglass: Stovepipe: {notice.queue} is stale: {last} has been behind "
                 f"the branch head since {since} (newest head "
                 f"{notice.details.get('latest_request_id')}).{link}")
+    culprit = notice.details.get("culprit")
+    if notice.event == "culprit":
+        since = notice.details.get("red_since") or "?"
+        return (f":mag: Stovepipe: {notice.queue} has been red since {since}; the culprit "
+                f"is {culprit_words(culprit)} (found after {culprit.get('builds', 0)} "
+                f"backfill builds).{link}" if culprit else
+                f":mag: Stovepipe: {notice.queue}: culprit found.{link}")
     icon = ":red_circle:" if notice.event == "red" else ":large_green_circle:"
     was = f"was {notice.previous}" if notice.previous else "first result"
     flake = (f" Flaky: green on attempt {notice.details.get('attempts')} after a red build "
              f"of the same commit." if notice.details.get("flaky") else "")
+    why = ""
+    if notice.event == "red" and culprit:
+        why = f" Culprit: {culprit_words(culprit)}."
+    elif notice.event == "red" and notice.details.get("bisecting"):
+        left = notice.details["bisecting"].get("commits")
+        why = (f" Finding the culprit among {left} commits (bisecting); a message follows "
+               f"when it is found.")
     return (f"{icon} Stovepipe: {notice.queue} is {notice.event.upper()} at {commit} "
-            f"({notice.request_id}; {was}).{flake}{link}")
+            f"({notice.request_id}; {was}).{why}{flake}{link}")
+
+
+def culprit_words(culprit: Mapping[str, Any]) -> str:
+    """``1a2b3c4d5e6f "subject" by Name <email>``: the commit as a person knows it."""
+    sha = str(culprit.get("sha") or culprit.get("uri") or "?")[:12]
+    subject = f' "{culprit["subject"]}"' if culprit.get("subject") else ""
+    author = f" by {culprit['author']}" if culprit.get("author") else ""
+    return f"{sha}{subject}{author}"
 
 
 class SlackNotifier:
