@@ -33,16 +33,27 @@ def test_demo_runs_end_to_end_twice(kafka_bootstrap: str, postgres_dsn: str,
         out = result.stdout
         assert result.returncode == 0, f"run {run}: {result.stderr[-3000:]}\n{out[-3000:]}"
         table = out[out.index("Greenness of demo/main"):]
-        rows = [line for line in table.splitlines()
-                if "request/demo/main/" in line and "bookmark" not in line]
-        assert len(rows) == 6, table
+        rows = table.split("\n\n")[0].splitlines()[2:]
+        assert len(rows) == 10, table
         assert "refactor, and break the build" in rows[2] and " red" in rows[2]
         assert "(rewritten away)" in rows[2] and "(rewritten away)" in rows[3]
         assert " full " in rows[4], "the force-pushed head must build in full"
-        assert all(" green" in r for i, r in enumerate(rows) if i != 2)
-        head = subprocess.run(["git", "-C", str(tmp_path / "demo" / "repo"), "rev-parse",
-                               "main", "verified-main"], capture_output=True, text=True,
+        assert all(" green" in rows[i] for i in (0, 1, 3, 4, 5, 6)), table
+        # one push of four commits; the head is red; bisection built two of the others
+        assert "tidy the docs" in rows[6] and "request/demo/main/6~1" in rows[6]
+        assert "speed up the parser" in rows[7] and "request/demo/main/6~2" in rows[7]
+        assert rows[7].endswith(" red")
+        assert "add logging" in rows[8] and rows[8].endswith(" none")
+        assert "bump the version" in rows[9] and "request/demo/main/7 " in rows[9]
+        assert rows[9].endswith(" red")
+        culprit = rows[7].split()[0]
+        assert (f"red since: {culprit} 'speed up the parser' by Demo — the culprit, found "
+                f"among 3 commits nobody built with 2 backfill builds") in table
+        repo = tmp_path / "demo" / "repo"
+        shas = subprocess.run(["git", "-C", str(repo), "rev-parse", "verified-main",
+                               "main~3"], capture_output=True, text=True,
                               check=True).stdout.split()
-        assert head[0] == head[1], "verified-main must point at the green head"
-        assert f"promotion ref verified-main: {head[0]}" in table
+        assert shas[0] == shas[1], "verified-main must point at the newest green commit"
+        assert f"promotion ref verified-main: {shas[0]}" in table
+        assert f"last-green bookmark: {shas[0]} (request/demo/main/6~1)" in table
         assert "dashboard: http://127.0.0.1:" in table

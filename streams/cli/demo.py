@@ -3,8 +3,10 @@
 It brings up the local stack, migrates a schema of its own, creates a fresh set of topics,
 builds a demo repository whose history has a broken commit and a force-push, points a
 queue with the `command` build runner at it, starts a worker, lands the commits one by
-one (ingesting each), shows progress until every Request is terminal, and prints the
-greenness table, the promotion ref and the dashboard URL. Every run starts afresh.
+one (ingesting each), then one push of several commits that breaks the build, shows
+progress until every Request is terminal and the culprit search has named the commit
+that broke it, and prints the greenness table, the promotion ref, the culprit and the
+dashboard URL. Every run starts afresh.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from store import request_order
 from store.migrations import migrate
 from streams.cli.ingest import IngestClient
 from streams.config import settings as settings_mod
 from streams.config.queues import load_queues
 from streams.config.topics import load_topics
 from streams.devstack import ensure_up
+from streams.extensions.sourcecontrol.gituri import git_uri
 from streams.runtime.topic_admin import admin_conf_for, ensure_topics
 
 QUEUE = "demo/main"
@@ -74,6 +78,14 @@ STEPS = (
     Step("fix the build", answer=42),
     Step("rewrite history: squash the fix (force-push)", answer=42, rewrite_to=2),
     Step("add another feature", answer=42),
+)
+# then one push of several commits, one of which breaks the build: the head is red, and
+# Stovepipe bisects the commits nobody built to name the culprit
+PUSH = (
+    Step("tidy the docs", answer=42),
+    Step("speed up the parser", answer=43),
+    Step("add logging", answer=43),
+    Step("bump the version", answer=43),
 )
 
 
@@ -129,6 +141,7 @@ def _demo_queues_file(home: Path, repo: Path) -> Path:
             "poll_delay_queued": "300ms",
             "poll_delay_running": "300ms",
             "poll_deadline": "2m",
+            "backfill": {"mode": "bisect", "max_builds": 4},
         }},
     }, sort_keys=False))
     return path
@@ -190,7 +203,7 @@ class Progress:
 
     def poll(self) -> dict[str, tuple[str, str]]:
         rows = _rows(self.dsn)
-        for rid in sorted(rows, key=lambda r: int(r.rsplit("/", 1)[1])):
+        for rid in sorted(rows, key=request_order):
             uri, state = rows[rid]
             if self.seen.get(rid) != state:
                 self.seen[rid] = state
@@ -212,6 +225,23 @@ class Progress:
                 return
             time.sleep(0.3)
         raise click.ClickException(f"{request_id} did not finish in {timeout:.0f}s; "
+                                   f"see {log}")
+
+    def wait_culprit(self, worker: subprocess.Popen[bytes], log: Path,
+                     timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if worker.poll() is not None:
+                raise click.ClickException(f"the worker exited; see {log}")
+            self.poll()
+            with psycopg.connect(self.dsn) as conn:
+                row = conn.execute("SELECT state FROM culprit_search WHERE queue = %s"
+                                   " ORDER BY created_at DESC LIMIT 1", (QUEUE,)).fetchone()
+            if row is not None and row[0] != "bisecting":
+                self.poll()
+                return
+            time.sleep(0.3)
+        raise click.ClickException(f"the culprit search did not end in {timeout:.0f}s; "
                                    f"see {log}")
 
 
@@ -269,6 +299,16 @@ def demo_command(web_port: int, keep_running: bool | None) -> None:
             request_id = _ingest(demo_settings, topics, queues_file)
             commits[_rows(dsn)[request_id][0]] = (sha, step.subject)
             progress.wait_terminal(request_id, worker, log)
+        click.secho(f"5. One push of {len(PUSH)} commits; one of them breaks the build",
+                    bold=True)
+        for step in PUSH:
+            sha = repo.land(step)
+            commits[git_uri(str(repo.path), "main", sha)] = (sha, step.subject)
+        request_id = _ingest(demo_settings, topics, queues_file)
+        progress.wait_terminal(request_id, worker, log)
+        click.echo("   the head is red: bisecting the commits nobody built "
+                   "(backfill Requests, ids …~<n>)")
+        progress.wait_culprit(worker, log)
         _print_summary(dsn, repo, commits, dashboard)
         click.echo(f"Demo finished in {time.monotonic() - started:.0f} s.")
         if keep_running is None:
@@ -314,4 +354,20 @@ def _print_summary(dsn: str, repo: DemoRepository, commits: dict[str, tuple[str,
                f"({bookmark[1] if bookmark else '-'})")
     click.echo(f"  promotion ref verified-main: {promoted or '-'}  "
                f"(git -C {repo.path} rev-parse verified-main)")
+    with psycopg.connect(dsn) as conn:
+        search = conn.execute(
+            "SELECT state, culprit_uri, builds, cardinality(commits) - 2, detail"
+            " FROM culprit_search WHERE queue = %s ORDER BY created_at DESC LIMIT 1",
+            (QUEUE,)).fetchone()
+    if search is not None:
+        state, culprit, builds, unbuilt, detail = search
+        if culprit is not None:
+            sha, subject = commits.get(culprit, ("?", "?"))
+            click.echo("  red since: " + click.style(f"{sha[:8]} {subject!r}", fg="red",
+                                                      bold=True)
+                       + f" by Demo — the culprit, found among {unbuilt} commits nobody "
+                         f"built with {builds} backfill builds")
+        else:
+            click.echo(f"  culprit search: {state} ({detail})")
+    click.echo(f"  why the bookmark is where it is: stovepipe explain {QUEUE}")
     click.echo(f"  dashboard: {dashboard}")
