@@ -77,6 +77,7 @@ DEFAULT_REQUESTS_PER_MINUTE = 100.0  # half of the organization's 200 a minute
 LIST_PAGE = 100  # builds in one list answer (Buildkite's largest page)
 ACTIVE_WITHIN = 60.0  # seconds since its last poll that a pipeline counts as polled
 DEFAULT_API_URL = "https://api.buildkite.com"
+WEB_URL = "https://buildkite.com"  # where people look at the builds of DEFAULT_API_URL
 TRIGGER_META = "stovepipe-trigger"
 REQUEST_META = "stovepipe-request"
 _BUILD_ID = re.compile(r"bk-([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)/"
@@ -239,6 +240,17 @@ class BuildkiteBuildRunner:
         return BuildReport(status_of(state, blocked), {
             "runner": PROVIDER, "state": state, "blocked": str(blocked).lower(),
             "web_url": str(build.get("web_url") or "")})
+
+    def build_url(self, build_id: str) -> str | None:
+        """The build's page on Buildkite; None for a build id of another shape, or an
+        ``api_url`` other than Buildkite's own (its pages are not known there)."""
+        if self.api.api_url != DEFAULT_API_URL:
+            return None
+        try:
+            organization, pipeline, number = parse_build_id(build_id)
+        except BuildRunnerError:
+            return None
+        return f"{WEB_URL}/{organization}/{pipeline}/builds/{number}"
 
     async def cancel(self, build_id: str) -> None:
         organization, pipeline, number = parse_build_id(build_id)

@@ -10,7 +10,9 @@ the commit (`BuildReport.unvalidated`): only a build that ran gives a verdict.
 
 A runner whose builds run on the worker's own host may also have ``async def tend()``: the
 worker calls it every few seconds (`streams.stages.pipeline.tend_build_runners`) to
-watch, launch and heartbeat those builds (the command runner does).
+watch, launch and heartbeat those builds (the command runner does). A hosted runner may
+have ``def build_url(build_id) -> str | None``: the page where people look at the build
+(Buildkite, GitHub Actions), which the surfaces link to.
 """
 
 from __future__ import annotations

@@ -362,6 +362,23 @@ class GitHubActionsBuildRunner:
             "runner": PROVIDER, "status": status, "conclusion": conclusion or "",
             "html_url": str(run.get("html_url") or "")}, unvalidated)
 
+    def build_url(self, build_id: str) -> str | None:
+        """The run's page: on github.com for its API, on the server itself for a GitHub
+        Enterprise Server (``https://<host>/api/v3``); None for a build id of another
+        shape or an API elsewhere."""
+        try:
+            repository, run_id = parse_build_id(build_id)
+        except BuildRunnerError:
+            return None
+        api_url = self.api.api_url
+        if api_url == DEFAULT_API_URL:
+            site = "https://github.com"
+        elif api_url.endswith("/api/v3"):
+            site = api_url.removesuffix("/api/v3")
+        else:
+            return None
+        return f"{site}/{repository}/actions/runs/{run_id}"
+
     def poll_delay(self, build_id: str, configured: float) -> float:
         """How long a poll loop of ``build_id`` holds: the workflow's poll period — the
         configured delay, or longer when the token's budget allows no more — aligned with
