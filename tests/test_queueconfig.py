@@ -19,6 +19,7 @@ from streams.config import settings as settings_mod
 from streams.config.queues import (
     DEFAULT_QUEUES_FILE,
     ENV_QUEUES_FILE,
+    BackfillSpec,
     Extensions,
     InvalidQueueName,
     QueueConfig,
@@ -749,3 +750,31 @@ def test_a_webhook_repository_in_defaults_is_inherited(tmp_path: Path) -> None:
     assert config.get("q").webhook_repository == "acme/demo"
     assert config.watching("acme/demo", "main") == ("q",)
     assert config.watching("acme/own", "main") == ("own",)
+
+
+# --- backfill (culprit finding) -------------------------------------------------------------
+
+
+def test_backfill_is_off_unless_asked_and_has_a_shorthand(tmp_path: Path) -> None:
+    assert not load_queues(_write(tmp_path, _doc())).get("q").backfill.enabled
+    written = ("defaults: {backfill: bisect}\nqueues:\n"
+               "  a: {source_control: {kind: fake, path: r.json, repo: d, ref: main},"
+               " build_runner: {kind: fake}}\n"
+               "  b: {source_control: {kind: fake, path: r.json, repo: d, ref: main},"
+               " build_runner: {kind: fake}, backfill: off}\n"
+               "  c: {source_control: {kind: fake, path: r.json, repo: d, ref: main},"
+               " build_runner: {kind: fake}, backfill: {mode: bisect, max_builds: 3}}\n")
+    queues = load_queues(_write(tmp_path, written))
+    assert queues.get("a").backfill == BackfillSpec(mode="bisect")
+    assert queues.get("b").backfill == BackfillSpec(mode="off")  # YAML's bare off is false
+    assert queues.get("c").backfill == BackfillSpec(mode="bisect", max_builds=3)
+    assert queues.get("c").backfill.max_concurrent == 1
+
+
+def test_backfill_mistakes_are_named(tmp_path: Path) -> None:
+    problems = _problems(tmp_path, _doc(backfill="always"))
+    assert problems == ["queues.q.backfill.mode: expected one of bisect, off, got 'always'"]
+    problems = _problems(tmp_path, _doc(backfill={"mode": "bisect", "max_builds": 0,
+                                                  "budget": 3}))
+    assert any(p.startswith("queues.q.backfill.max_builds:") for p in problems), problems
+    assert any("budget" in p for p in problems), problems
