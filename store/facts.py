@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from store._base import Row, Store
 from store.entities import Order, ValidationFact, check_degree
@@ -131,3 +132,45 @@ class FactStore(Store):
             {"queue": queue, "ids": list(request_ids), "project": project},
             key={"queue": queue})
         return {row["request_id"]: _fact(row) for row in rows}
+
+    async def signal_times(self, queue: str, window_s: float, limit: int) -> list[float]:
+        """Seconds from ingest to fact (the Request's creation to its fact's) of the queue's
+        whole-repo facts recorded in the last ``window_s`` seconds for heads and commits
+        validated again — what a person waits for; a backfill is not — newest ``limit``
+        (index validation_fact_recent, then each Request by its primary key)."""
+        rows = await self._fetch_all(
+            "SELECT EXTRACT(EPOCH FROM f.created_at - r.created_at)::float8 AS seconds"
+            " FROM validation_fact f JOIN request r ON r.queue = f.queue AND r.id = f.request_id"
+            " WHERE f.queue = %(queue)s AND f.project = ''"
+            " AND f.created_at >= now() - make_interval(secs => %(window)s)"
+            " AND r.kind IN ('head', 'retry')"
+            " ORDER BY f.created_at DESC LIMIT %(limit)s",
+            {"queue": queue, "window": window_s, "limit": limit}, key={"queue": queue})
+        return [max(0.0, float(row["seconds"])) for row in rows]
+
+    async def flaky_counts(self, queue: str, window_s: float,
+                           since: datetime) -> tuple[int, int, datetime]:
+        """Flaky facts of the queue recorded in the last ``window_s`` seconds and since
+        ``since``, and the database's time now (one range of validation_fact_recent)."""
+        row = await self._fetch_one(
+            "SELECT count(*) FILTER (WHERE flaky"
+            "        AND created_at >= now() - make_interval(secs => %(window)s)) AS recent,"
+            " count(*) FILTER (WHERE flaky AND created_at >= %(since)s) AS since, now() AS now"
+            " FROM validation_fact WHERE queue = %(queue)s AND created_at >= LEAST("
+            " %(since)s::timestamptz, now() - make_interval(secs => %(window)s))",
+            {"queue": queue, "window": window_s, "since": since}, key={"queue": queue})
+        assert row is not None
+        return int(row["recent"]), int(row["since"]), row["now"]
+
+    async def flaky_before(self, queue: str, margin_s: float) -> tuple[datetime, int]:
+        """A time ``margin_s`` seconds ago and the flaky facts of the queue recorded before
+        it: the settled part of a running total (a fact's time is its transaction's start,
+        so with a margin longer than any transaction none is still to come before it).
+        Reads every fact of the queue before then: call it rarely."""
+        row = await self._fetch_one(
+            "SELECT now() - make_interval(secs => %(margin)s) AS cutoff,"
+            " (SELECT count(*) FROM validation_fact WHERE queue = %(queue)s AND flaky"
+            "   AND created_at < now() - make_interval(secs => %(margin)s)) AS flaky",
+            {"queue": queue, "margin": margin_s}, key={"queue": queue})
+        assert row is not None
+        return row["cutoff"], int(row["flaky"])

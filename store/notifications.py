@@ -243,3 +243,53 @@ class NotificationStore(Store):
         """Bookmark age and heads since green of ``queues`` (those with a row)."""
         rows = await self._fetch_all(_LAGS, {"queues": list(queues)}, key={})
         return [QueueLag(**row) for row in rows]
+
+    async def greenness_window(self, queue: str, window_s: float,
+                               limit: int = 10_000) -> GreennessWindow:
+        """The queue's greenness over the last ``window_s`` seconds: what it was when the
+        window began and how it changed since (the greenness_change primary key)."""
+        rows = await self._fetch_all(_GREENNESS_WINDOW,
+                                     {"queue": queue, "window": window_s, "limit": limit},
+                                     key={"queue": queue})
+        before = next((row["greenness"] for row in rows if row["before"]), None)
+        return GreennessWindow(window_s, before, [(row["offset_s"], row["greenness"])
+                                                  for row in rows if not row["before"]])
+
+    async def red_streak(self, queue: str) -> tuple[datetime, float] | None:
+        """When the queue's current red streak began and how many seconds ago, by the
+        database's clock; None while it is green (or was never judged)."""
+        row = await self._fetch_one(_RED_STREAK, {"queue": queue}, key={"queue": queue})
+        if row is None or row["since"] is None:
+            return None
+        return row["since"], max(0.0, float(row["seconds"]))
+
+
+@dataclass(frozen=True)
+class GreennessWindow:
+    """A queue's greenness over a window of ``window_s`` seconds."""
+
+    window_s: float
+    before: str | None  # green or red when the window began; None: not judged yet
+    changes: list[tuple[float, str]]  # (seconds after the window began, greenness)
+
+
+_GREENNESS_WINDOW = _sql("""
+(SELECT 0::float8 AS offset_s, greenness, true AS before FROM greenness_change
+  WHERE queue = %(queue)s AND at < now() - make_interval(secs => %(window)s)
+  ORDER BY at DESC LIMIT 1)
+UNION ALL
+(SELECT EXTRACT(EPOCH FROM at - (now() - make_interval(secs => %(window)s)))::float8,
+        greenness, false FROM greenness_change
+  WHERE queue = %(queue)s AND at >= now() - make_interval(secs => %(window)s)
+  ORDER BY at LIMIT %(limit)s)
+""")
+
+# the first red change after the newest green one: a red streak's start
+_RED_STREAK = _sql("""
+SELECT min(at) AS since, EXTRACT(EPOCH FROM now() - min(at))::float8 AS seconds
+  FROM greenness_change
+ WHERE queue = %(queue)s AND greenness = 'red'
+   AND at > COALESCE((SELECT at FROM greenness_change
+                       WHERE queue = %(queue)s AND greenness = 'green'
+                       ORDER BY at DESC LIMIT 1), '-infinity')
+""")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from store._base import Row, Store
 from store.entities import (
     BuildStrategy,
+    Order,
     Request,
     RequestKind,
     RequestState,
@@ -291,3 +293,33 @@ class RequestStore(Store):
             " ORDER BY request_rank(id) DESC LIMIT %(limit)s",
             {"queue": queue, "limit": limit}, key={"queue": queue})
         return [_request(row) for row in rows]
+
+    async def newer_than(self, queue: str, rank: Order | None, limit: int) -> list[Request]:
+        """The queue's Requests that sort after ``rank`` (a `store.request_order`; None:
+        all), newest first; at most ``limit`` (request_rank_idx)."""
+        if rank is None:
+            return await self.recent(queue, limit)
+        rows = await self._fetch_all(
+            f"SELECT {_COLUMNS} FROM request WHERE queue = %(queue)s"
+            " AND request_rank(id) > %(rank)s::bigint[]"
+            " ORDER BY request_rank(id) DESC LIMIT %(limit)s",
+            {"queue": queue, "rank": list(rank), "limit": limit}, key={"queue": queue})
+        return [_request(row) for row in rows]
+
+    async def processing(self, queue: str) -> list[Request]:
+        """The queue's Requests processing now (holding its slots), oldest first (the
+        live-rows index)."""
+        rows = await self._fetch_all(
+            f"SELECT {_COLUMNS} FROM request WHERE state = 'processing'"
+            " AND queue = %(queue)s ORDER BY request_rank(id)",
+            {"queue": queue}, key={"queue": queue})
+        return [_request(row) for row in rows]
+
+    async def ingested_at(self, queue: str, request_id: str) -> tuple[datetime, float] | None:
+        """When the Request was made and how many seconds ago, by the database's clock;
+        None when there is no such Request."""
+        row = await self._fetch_one(
+            "SELECT created_at, EXTRACT(EPOCH FROM now() - created_at)::float8 AS seconds"
+            " FROM request WHERE queue = %(queue)s AND id = %(id)s",
+            {"queue": queue, "id": request_id}, key={"queue": queue, "id": request_id})
+        return (row["created_at"], max(0.0, float(row["seconds"]))) if row else None

@@ -164,3 +164,38 @@ PERIODIC_ROUNDS = Counter(
     "Rounds of a worker's timed tasks (sweeper, notify, gauges), by how they ended.",
     ["task", "outcome"],
 )
+TIME_TO_SIGNAL = Gauge(
+    "stovepipe_time_to_signal_seconds",
+    "Ingest to fact of the queue's heads and commits validated again whose facts were "
+    "recorded in the last 24 h, at the quantile 0.5 or 0.9 (no sample without such facts).",
+    ["queue", "quantile"],
+)
+RED_SHARE = Gauge(
+    "stovepipe_red_time_ratio",
+    "Share of the last 7 days the queue was red (its newest verdict), of the time its "
+    "greenness was known (no sample before its first verdict).",
+    ["queue"],
+)
+RED_STREAK = Gauge(
+    "stovepipe_red_streak_seconds",
+    "Seconds since the queue's current red streak began; 0 while it is green.",
+    ["queue"],
+)
+BOOKMARK_LAG_COMMITS = Gauge(
+    "stovepipe_bookmark_lag_commits",
+    "First-parent git commits from the bookmarked last green commit to the newest head "
+    "(counted up to 1000: a larger lag shows as 1000; no sample when unknown).",
+    ["queue"],
+)
+BOOKMARK_LAG_SECONDS = Gauge(
+    "stovepipe_bookmark_lag_seconds",
+    "Seconds since the first head ingested after the bookmarked one; 0 when the bookmark "
+    "is the newest head.",
+    ["queue"],
+)
+FLAKES = Gauge(
+    "stovepipe_flakes",
+    "Facts green on a re-run of a red build (retry.red), recorded in the last 24 h "
+    "(window=24h) and ever (window=total).",
+    ["queue", "window"],
+)
