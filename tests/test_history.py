@@ -254,6 +254,20 @@ def test_a_failing_repository_leaves_commits_undescribed_and_is_asked_again_late
     _deps_run(migrated_dsn, tmp_path, body)
 
 
-def test_command_builds_link_to_their_log() -> None:
+def test_builds_link_to_the_command_log_or_the_providers_page(migrated_dsn: str,
+                                                             tmp_path: Path) -> None:
     assert build_log_path("mono/main", "cmd-0123") == "/api/builds/mono/main/cmd-0123/log"
     assert build_log_path("a b/c", "x/y") == "/api/builds/a%20b/c/x%2Fy/log"
+
+    async def body(deps: Deps) -> None:
+        db = deps.db
+        request_id = await _ingest(db, "c0", HOSTED)
+        await _built(db, request_id, "c0", green=True, queue=HOSTED,
+                     build_id="bk-acme/mono/7")
+        [entry] = (await queue_history(deps, HOSTED, 30, CommitDescriptions())).entries
+        assert entry.build is not None
+        assert (entry.build.url, entry.build.url_kind) == (
+            "https://buildkite.com/acme/mono/builds/7", "provider")
+        assert entry.outcome is Outcome.GREEN and entry.bookmark
+
+    _deps_run(migrated_dsn, tmp_path, body)
