@@ -6,6 +6,7 @@ on a real worker, so every backfill is a real Request, build and fact."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 from pathlib import Path
@@ -157,3 +158,22 @@ def promoted(branch: Branch) -> str | None:
         return git(branch.work, "rev-parse", "--verify", "-q", "refs/heads/verified-main")
     except subprocess.CalledProcessError:
         return None
+
+
+def promotion_history(branch: Branch) -> list[str]:
+    """Every commit the promotion ref pointed at, oldest first (its reflog)."""
+    try:
+        log = git(branch.work, "reflog", "show", "--format=%H", "refs/heads/verified-main")
+    except subprocess.CalledProcessError:
+        return []
+    return list(reversed(log.split()))
+
+
+def assert_promotion_only_moved_forward(branch: Branch) -> None:
+    """Each commit the promotion ref moved to descends from the one before."""
+    history = promotion_history(branch)
+    assert history, "the promotion ref never moved"
+    for older, newer in itertools.pairwise(history):
+        moved = subprocess.run(["git", "-C", str(branch.work), "merge-base", "--is-ancestor",
+                                older, newer], check=False).returncode == 0
+        assert moved, f"the promotion ref moved back from {older} to {newer}: {history}"

@@ -17,9 +17,11 @@ from tests.culprit_support import (
     QUEUE,
     Branch,
     add_culprit_queue,
+    assert_promotion_only_moved_forward,
     backfill_builds,
     facts_by_commit,
     promoted,
+    promotion_history,
     request_of,
     search_row,
     wait_search,
@@ -94,6 +96,7 @@ def test_one_push_of_eight_the_fifth_breaks(pipeline: Pipeline, tmp_path: Path) 
         "SELECT last_green_request_id, last_green_uri FROM queue")
     assert (bookmark, bookmark_uri) == ("request/mono/main/1~4", branch.uri("c4"))
     assert promoted(branch) == branch.shas["c4"]
+    assert promotion_history(branch) == [branch.shas["c0"], branch.shas["c4"]]
     # the gate's neighbours are exact: c5's newest green ancestor is c4
     answer = json.loads(pipeline.cli("fact", QUEUE, branch.shas["c5"], "--json",
                                      check=False).stdout)
@@ -131,6 +134,7 @@ def test_a_break_fixed_inside_the_range(pipeline: Pipeline, tmp_path: Path) -> N
     [(bookmark,)] = pipeline.query("SELECT last_green_uri FROM queue")
     assert bookmark == branch.uri("c6")
     assert promoted(branch) == branch.shas["c6"]
+    assert promotion_history(branch) == [branch.shas[c] for c in ("c0", "c4", "c6")]
     assert pipeline.invariant_violations() == []
 
 
@@ -161,6 +165,8 @@ def test_the_branch_going_green_stops_the_search(pipeline: Pipeline,
     [(bookmark,)] = pipeline.query("SELECT last_green_request_id FROM queue")
     assert bookmark == fix
     assert promoted(branch) == branch.shas["c9"]
+    assert promotion_history(branch) == [branch.shas["c0"], branch.shas["c9"]]
+    assert_promotion_only_moved_forward(branch)
     # no build after the fix: only c0, c8, c4 and c9 ever built
     assert sorted(name for name, _ in branch.started()) == ["c0", "c4", "c8", "c9"]
     assert pipeline.invariant_violations(strict_bookmark=False) == []
