@@ -248,7 +248,13 @@ def _record(queue: str, commit: CommitInfo) -> CommitRecord:
 
 async def advance_queue(deps: Deps, publish: Publisher, queue: str) -> CulpritSearch | None:
     """Advance the queue's newest search if it is still bisecting (after its bookmark
-    moved: a search whose streak ended stops)."""
+    moved: a search whose streak ended stops). Nothing to read for a queue that finds no
+    culprits (a search left from before is ended by the sweeper)."""
+    try:
+        if not deps.queue_config(queue).backfill.enabled:
+            return None
+    except UnknownQueue:
+        return None
     newest = await deps.db.culprit_searches.newest(queue)
     if newest is None or newest.state.ended:
         return newest
