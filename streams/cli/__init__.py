@@ -2,6 +2,7 @@
 
     worker    run the stages (worker.py)       ingest, poll   ingest heads (ingest.py)
     request, queue, fact   read state (show.py) topics, db     set up Kafka / PostgreSQL
+    explain                the branch's story since its last green commit (explain.py)
     retry                  validate a commit again (retry.py)
     pin, unpin             hold the promotion ref during an incident (pin.py)
     replay, dlq, parked    recover (replay.py, dlq.py, parked.py; kafka.py is shared)
@@ -27,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "request": "streams.cli.show:request_command",
     "queue": "streams.cli.show:queue_command",
     "fact": "streams.cli.show:fact_command",
+    "explain": "streams.cli.explain:explain_command",
     "retry": "streams.cli.retry:retry_command",
     "pin": "streams.cli.pin:pin_command",
     "unpin": "streams.cli.pin:unpin_command",

@@ -16,12 +16,14 @@ from store import (
     RequestState,
     ValidationFact,
 )
-from streams.cli.common import emit, json_option, open_db, run_async
+from streams.cli.common import emit, json_option, open_db, queues_option, run_async
+from streams.cli.explain import culprit_lines
 from streams.config.queues import Extensions, UnknownQueue, load_queues
 from streams.extensions.sourcecontrol import AmbiguousCommit, CommitNotFound
 from streams.stages.deps import Deps
 from streams.web import gate, queries
 from streams.web.gate import GreenAnswer
+from streams.web.story import CulpritView, SearchView
 
 NOT_GREEN = 3  # `stovepipe fact`: the commit is not green, or not one the queue can name
 
@@ -108,11 +110,13 @@ def _fact_text(fact: ValidationFact | None) -> str:
 
 @click.command("queue")
 @click.argument("name")
+@queues_option
 @json_option
-def queue_command(name: str, as_json: bool) -> None:
-    """Show a queue: last-green bookmark, in-flight builds, latest Request and its state."""
+def queue_command(name: str, queues_file: Path | None, as_json: bool) -> None:
+    """Show a queue: last-green bookmark, in-flight builds, latest Request and its state,
+    and while it is red, its culprit ("red since C") or the search for it."""
 
-    async def run() -> tuple[Queue, Request | None]:
+    async def run() -> tuple[Queue, Request | None, CulpritView | None, SearchView | None]:
         db = await open_db()
         try:
             try:
@@ -123,12 +127,14 @@ def queue_command(name: str, as_json: bool) -> None:
             latest = None
             if q.latest_request_id is not None:
                 latest = await db.requests.get(name, q.latest_request_id)
-            return q, latest
+            culprit, search = await culprit_lines(db, name, queues_file)
+            return q, latest, culprit, search
         finally:
             await db.close()
 
-    q, latest = run_async(run)
-    emit(as_json, {"queue": q, "latest_request": latest}, [
+    q, latest, culprit, search = run_async(run)
+    emit(as_json, {"queue": q, "latest_request": latest, "culprit": culprit,
+                   "search": search}, [
         f"{q.name}",
         f"  last green  {q.last_green_uri or '-'}"
         + (f"  ({q.last_green_request_id})" if q.last_green_request_id else ""),
@@ -137,7 +143,25 @@ def queue_command(name: str, as_json: bool) -> None:
            f"{q.pinned_at.isoformat() if q.pinned_at else '?'}: {q.pinned_reason}"]
           if q.pinned_uri else []),
         f"  latest      {latest.id}  {state_text(latest)}" if latest else "  latest      -",
+        *_red_since_lines(culprit, search),
     ])
+
+
+def _red_since_lines(culprit: CulpritView | None, search: SearchView | None) -> list[str]:
+    lines = []
+    if culprit is not None:
+        who = f" by {culprit.author}" if culprit.author else ""
+        lines.append(f"  red since   {culprit.sha or culprit.uri}{who}")
+        if culprit.subject:
+            lines.append(f"              {culprit.subject}")
+        if culprit.committed_at:
+            lines.append(f"              committed {culprit.committed_at.isoformat()}")
+        if culprit.build is not None:
+            lines.append(f"              build {culprit.build.id}"
+                         + (f"  {culprit.build.url}" if culprit.build.url else ""))
+    if search is not None:
+        lines.append(f"  culprit     {search.words}")
+    return lines
 
 
 @click.command("fact")

@@ -9,11 +9,20 @@
                                          ({"commit": C, "reason": R, "by": B})
     POST /api/queues/{queue}/unpin       let it follow the bookmark again ({"by": B})
     GET  /api/queues                     every configured queue at a glance
-    GET  /api/queues/{queue}             one queue: bookmark, promotion ref, slots, latest
+    GET  /api/queues/{queue}             one queue: bookmark, promotion ref, slots, latest,
+                                         its culprit ("red since C", or the search under
+                                         way) and its health figures
     GET  /api/queues/{queue}/requests    its recent Requests, newest first (?limit=1..100)
     GET  /api/queues/{queue}/history     its last heads and built commits in history
                                          order, newest first, with subjects, authors,
                                          build links and time to signal (?limit=1..200)
+    GET  /api/queues/{queue}/explain     the branch's story since its last green commit,
+                                         newest first, in words (streams/web/story.py)
+    GET  /api/queues/{queue}/health      time to signal, share of time red, red streak,
+                                         bookmark lag (commits, time), flakes
+    GET  /api/queues/{queue}/greens      green commits in history order after
+                                         ?since=COMMIT (?limit=1..1000, then `next`)
+    GET  /api/builds/{queue}/{build_id}/log  a command build's log tail (text/plain)
     GET  /api/requests/{request_id}      a Request, its builds (attempts), its own fact and
                                          its commit's answer
     GET  /api/queues/{queue}/green?sha=S is this commit green, and if not, its newest green
@@ -29,7 +38,7 @@
 Queue names and request ids contain '/'. Both may be written as they are or URL-encoded
 (`/api/queues/team%2Fmain`); a queue whose name itself ends in `/requests`, `/green`,
 `/ingest`, `/retry`, `/pin` or `/unpin` can only be named encoded.
-So can one whose name ends in `/history`.
+So can one whose name ends in `/history`, `/explain`, `/health` or `/greens`.
 
 A deploy gate always gets an answer it can read `.green` from: a commit the repository
 does not have is `"green": false, "known": false` with the reason (200), not an error.
@@ -74,11 +83,12 @@ from streams.extensions.sourcecontrol import (
 from streams.runtime.classify import is_retryable
 from streams.runtime.stage import Delivery
 from streams.runtime.worker import RuntimeService
+from streams.stages import gauges
 from streams.stages.deps import Deps
 from streams.stages.ingest import ingest_head
 from streams.stages.pins import PinRefused, pin_promotion, unpin_promotion
 from streams.stages.revalidate import AlreadyGreen, NeverIngested, validate_again
-from streams.web import gate, history, queries
+from streams.web import gate, greens, history, queries, story
 from streams.web.errors import ApiError
 from streams.web.params import (
     commit_param,
@@ -95,6 +105,7 @@ READ_DEADLINE = 5.0  # seconds a read may take before it answers 503
 GATE_DEADLINE = 15.0  # a green search also asks the repository about ancestry
 INGEST_DEADLINE = 15.0  # an ingest also asks the repository and waits for Kafka's ack
 HEALTH_DEADLINE = 2.0
+GREENS_DESCRIBE_DEADLINE = 8.0  # seconds the green list waits for the commits' shas
 DEFAULT_RECENT_LIMIT = 20
 DLQ_CACHE_SECONDS = 5.0
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
@@ -306,7 +317,7 @@ class Api:
     async def queues(self, request: web.Request) -> web.Response:
         deps = self._delivery().deps
         async with asyncio.timeout(READ_DEADLINE):
-            overviews = [await queries.queue_overview(deps, name)
+            overviews = [await self._overview(deps, name, lag_deadline=0.0)
                          for name in deps.queues.names()]
         return _json({"queues": overviews})
 
@@ -314,7 +325,8 @@ class Api:
         validate_queue_name(queue)
         deps = self._delivery().deps
         async with asyncio.timeout(READ_DEADLINE):
-            return _json(await queries.queue_overview(deps, queue))
+            return _json(await self._overview(deps, queue,
+                                              lag_deadline=gauges.LAG_DEADLINE_API))
 
     async def queue_requests(self, request: web.Request, queue: str) -> web.Response:
         limit = int_param(request, "limit", DEFAULT_RECENT_LIMIT, 1,
@@ -398,6 +410,77 @@ class Api:
                       "prior_green": answer.prior_green, "next_green": answer.next_green,
                       "searched": answer.searched, "complete": answer.complete})
 
+    # --- the branch's story, its health, its green commits, a build's log (issue 18) ----
+
+    async def _overview(self, deps: Deps, queue: str, *,
+                        lag_deadline: float) -> dict[str, Any]:
+        """A queue at a glance, with its culprit ("red since C", or the search under way)
+        and its health figures (the commit lag only as counted already when
+        ``lag_deadline`` is 0)."""
+        overview = await queries.queue_overview(deps, queue)
+        culprit, search = await story.red_since(deps, queue, self._commit_descriptions)
+        health = await gauges.queue_health(deps, queue, lag_deadline=lag_deadline)
+        return {**queries.jsonable(overview), "culprit": culprit, "search": search,
+                "health": health}
+
+    async def explain(self, request: web.Request, queue: str) -> web.Response:
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        deps.queue_config(queue)
+        async with asyncio.timeout(READ_DEADLINE):
+            told = await story.explain(deps, queue, self._commit_descriptions)
+        return _json(told)
+
+    async def queue_health(self, request: web.Request, queue: str) -> web.Response:
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        deps.queue_config(queue)
+        async with asyncio.timeout(READ_DEADLINE):
+            return _json(await gauges.queue_health(deps, queue,
+                                                   lag_deadline=gauges.LAG_DEADLINE_API))
+
+    async def greens(self, request: web.Request, queue: str) -> web.Response:
+        limit = int_param(request, "limit", greens.DEFAULT_LIMIT, 1, greens.MAX_LIMIT)
+        since = request.query.get("since")
+        if since is not None and not since.strip():
+            raise ApiError(400, "query parameter 'since' names a commit (a full sha, a "
+                                "unique prefix or the URI); leave it out to list from the "
+                                "first green commit")
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        deps.queue_config(queue)
+        async with asyncio.timeout(GATE_DEADLINE):
+            since_uri = await _resolved(deps, queue, since.strip()) if since else None
+            try:
+                listed = await greens.greens_after(deps, queue, since_uri, limit,
+                                                   self._green_descriptions)
+            except greens.NeverValidated as exc:
+                raise ApiError(404, str(exc)) from None
+        return _json(listed)
+
+    @cached_property
+    def _green_descriptions(self) -> history.CommitDescriptions:
+        # the green list waits longer for the commits' shas: release tooling wants them
+        return history.CommitDescriptions(deadline=GREENS_DESCRIBE_DEADLINE)
+
+    async def build_log(self, request: web.Request, queue: str,
+                        build_id: str) -> web.Response:
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        deps.queue_config(queue)
+        async with asyncio.timeout(READ_DEADLINE):
+            try:
+                build = await deps.db.command_builds.get(build_id)
+            except NotFound:
+                build = None
+        if build is None or build.queue != queue:
+            raise ApiError(404, f"queue {queue!r} has no command build {build_id!r} (only "
+                                f"the command runner's builds have a log here)")
+        return web.Response(text=build.log_tail, content_type="text/plain", charset="utf-8",
+                            headers={"Cache-Control": "no-cache",
+                                     "X-Content-Type-Options": "nosniff",
+                                     "X-Build-Status": build.status.value})
+
     async def dlq(self, request: web.Request) -> web.Response:
         report = await self.dead_letters.report()
         body = {"group": report.group, "measured_at": report.measured_at,
@@ -472,9 +555,13 @@ _ROUTES: tuple[tuple[str, str, str], ...] = (
     ("get", "/api/queues/{queue:.+}/requests", "queue_requests"),
     ("get", "/api/queues/{queue:.+}/history", "queue_history"),
     ("get", "/api/queues/{queue:.+}/green", "green"),
+    ("get", "/api/queues/{queue:.+}/greens", "greens"),
+    ("get", "/api/queues/{queue:.+}/explain", "explain"),
+    ("get", "/api/queues/{queue:.+}/health", "queue_health"),
     ("get", "/api/queues/{queue:.+}", "queue"),
     ("get", "/api/queues", "queues"),
     ("get", "/api/requests/{request_id:.+}", "request"),
+    ("get", "/api/builds/{queue:.+}/{build_id:[^/]+}/log", "build_log"),
     ("get", "/api/facts", "fact"),
     ("get", "/api/dlq", "dlq"),
     ("post", "/webhooks/github", "github_webhook"),

@@ -189,12 +189,12 @@ async def queue_overview(deps: Deps, name: str) -> QueueOverview:
         in_flight=row.in_flight_count if row else 0,
         last_green_uri=row.last_green_uri if row else None,
         last_green_request_id=row.last_green_request_id if row else None,
-        promotion_ref=await _promotion_ref(deps, name, pin_of(row)),
+        promotion_ref=await promotion_ref(deps, name, pin_of(row)),
         latest_request=latest,
     )
 
 
-async def _promotion_ref(deps: Deps, name: str, pinned: Pin | None) -> PromotionRef | None:
+async def promotion_ref(deps: Deps, name: str, pinned: Pin | None) -> PromotionRef | None:
     ref_name = getattr(deps.queue_config(name).source_control, "promotion_ref", None)
     if not ref_name:
         return None
