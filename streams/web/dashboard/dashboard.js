@@ -4,6 +4,8 @@
 
 const REFRESH_MS = 2000;
 const RECENT = 10;
+const HISTORY = 30; // cells in a queue's history strip
+const SVG_NS = "http://www.w3.org/2000/svg";
 const TOKEN_KEY = "stovepipe.apiToken"; // sessionStorage: the API token, for this tab only
 // a Request in one of these states left its commit unvalidated: it may be validated again
 const RETRYABLE = ["failed", "cancelled", "superseded"];
@@ -15,7 +17,7 @@ function el(tag, attrs, ...children) {
     if (key === "class") node.className = value;
     else node.setAttribute(key, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -123,10 +125,11 @@ function renderDlq(result) {
     el("span", { class: "muted" }, "not yet reconciled by group " + report.group));
 }
 
-function renderQueue(queue, recent) {
+function renderQueue(queue, recent, extra) {
   const slotsBusy = queue.in_flight > 0;
+  const history = extra.history && extra.history.ok ? extra.history.body : null;
   const head = el("div", { class: "queue-head" },
-    el("h3", {}, queue.name),
+    el("div", { class: "queue-title" }, el("h3", {}, queue.name), greennessBadge(history)),
     el("span", { class: "slots" + (slotsBusy ? " busy" : "") },
       "in flight " + queue.in_flight + " / " + queue.max_concurrent));
 
@@ -138,7 +141,13 @@ function renderQueue(queue, recent) {
       promo.target
         ? el("span", { class: "mono" }, promo.target)
         : el("span", { class: "muted" },
-          promo.target_known ? "not moved yet" : "unknown (the repository did not answer)"));
+          promo.target_known ? "not moved yet" : "unknown (the repository did not answer)"),
+      promo.pinned ? el("div", { class: "pinned", "data-pinned": promo.pinned.uri },
+        el("span", { class: "pill state-cancelled" }, "pinned"), " at ",
+        el("span", { class: "mono" }, promo.pinned.uri),
+        promo.pinned.by ? " by " + promo.pinned.by : "",
+        promo.pinned.at ? el("span", { class: "muted", title: promo.pinned.at }, " " + ago(promo.pinned.at)) : null,
+        promo.pinned.reason ? ": " + promo.pinned.reason : "") : null);
   }
   const latest = queue.latest_request;
   const facts = el("dl", { class: "facts" },
@@ -176,7 +185,392 @@ function renderQueue(queue, recent) {
         ["Request", "State", "Commit", "Fact", "Build", "Updated"].map((h) => el("th", {}, h)))),
       el("tbody", {}, rows));
   }
-  return el("section", { class: "queue", "data-queue": queue.name }, head, facts, body);
+  return el("section", { class: "queue", "data-queue": queue.name }, head,
+    renderCulprit(queue, history), facts,
+    renderHistory(queue.name, extra.history),
+    el("div", { class: "panels" },
+      renderStory(extra.explain),
+      renderSignal(history, extra.health && extra.health.ok ? extra.health.body : queue.health)),
+    el("details", { class: "requests", open: true },
+      el("summary", {}, "Recent Requests"), body));
+}
+
+// --- a queue's history: the strip, the culprit, the story, time to signal --------------
+
+// What each cell's colour means, in words and a symbol (never colour alone).
+const OUTCOMES = {
+  green: { symbol: "✓", word: "green" },
+  red: { symbol: "✗", word: "red" },
+  unvalidated: { symbol: "?", word: "could not validate" },
+  superseded: { symbol: "»", word: "superseded" },
+  running: { symbol: "▶", word: "running" },
+  waiting: { symbol: "…", word: "waiting" },
+  cancelled: { symbol: "⊘", word: "cancelled" },
+};
+// the story also tells the commits of a culprit search's range that were never built
+const STORY_ONLY = { unbuilt: { symbol: "·", word: "never built" } };
+const KINDS = {
+  head: "head of the branch",
+  retry: "validated again",
+  backfill: "backfill: built to find the culprit",
+};
+
+// Per queue, the history cell a person picked (by request id); it outlives the redraws.
+const picked = new Map();
+// Optional endpoints this worker does not have (404 "no such endpoint"): not asked again.
+const missingEndpoints = new Set();
+
+function shortSha(sha) {
+  const text = String(sha || "");
+  return /^[0-9a-f]{40,64}$/.test(text) ? text.slice(0, 7) : text.slice(0, 12);
+}
+
+function authorName(author) {
+  return String(author || "").replace(/\s*<[^>]*>\s*$/, "") || author || "";
+}
+
+function duration(seconds) {
+  if (seconds === null || seconds === undefined || Number.isNaN(Number(seconds))) return "—";
+  const exact = Math.max(0, Number(seconds));
+  if (exact < 10) return (Math.round(exact * 10) / 10) + " s";
+  const s = Math.round(exact);
+  if (s < 60) return s + " s";
+  if (s < 3600) return Math.floor(s / 60) + " m " + (s % 60 ? (s % 60) + " s" : "");
+  if (s < 86400) return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " m";
+  return Math.floor(s / 86400) + " d " + Math.floor((s % 86400) / 3600) + " h";
+}
+
+function outcomeWord(entry) {
+  const word = (OUTCOMES[entry.outcome] || { word: entry.outcome }).word;
+  return entry.outcome === "green" && entry.flaky ? "green (flaky)" : word;
+}
+
+function outcomeBadge(outcome, text) {
+  const known = OUTCOMES[outcome] || STORY_ONLY[outcome] || { symbol: "", word: outcome };
+  return el("span", { class: "pill outcome outcome-" + outcome },
+    el("span", { class: "symbol", "aria-hidden": "true" }, known.symbol), " ", text || known.word);
+}
+
+// The outcome of a Request as the story names it (state and verdict).
+function outcomeOfState(state, verdict) {
+  if (state === "succeeded") return "green";
+  if (state === "failed") return verdict === "red" ? "red" : "unvalidated";
+  if (state === "processing") return "running";
+  if (state === "accepted") return "waiting";
+  return state; // superseded, cancelled, unbuilt (a commit of the search's range)
+}
+
+function greennessBadge(history) {
+  if (!history || !history.greenness) return null;
+  return outcomeBadge(history.greenness, history.greenness === "red" ? "red" : "green");
+}
+
+// Optional endpoints: null when the worker does not have them (and never asked again).
+async function optionalJson(kind, path) {
+  if (missingEndpoints.has(kind)) return null;
+  const result = await getJson(path);
+  if (result.status === 404 && result.body && /^no such endpoint/.test(result.body.error || "")) {
+    missingEndpoints.add(kind);
+    return null;
+  }
+  return result;
+}
+
+function buildLink(build, label) {
+  if (!build) return null;
+  if (!build.url) return el("span", { class: "mono muted", title: "no page for this build" }, build.id);
+  const external = /^https?:/i.test(build.url); // the provider's page; else this worker's log
+  return el("a", {
+    href: build.url, class: "build-link", "data-build-link": build.id,
+    target: external ? "_blank" : null, rel: external ? "noopener noreferrer" : null,
+    title: build.id,
+  }, label || (external ? "build page ↗" : "build log"));
+}
+
+function commitLine(sha, subject, author) {
+  return [el("span", { class: "mono sha" }, shortSha(sha)), " ",
+    subject ? el("span", { class: "subject" }, subject) : el("span", { class: "muted" }, "(not described yet)"),
+    author ? [" by ", el("span", { class: "author", title: author }, authorName(author))] : null];
+}
+
+// "Red since C": the queue's culprit and search (GET /api/queues), else the history's view
+// of them; without either, the first red build since the last green one.
+function renderCulprit(queue, history) {
+  const search = queue.search || null;
+  const found = history && history.culprit_search;
+  const culprit = queue.culprit || (found && found.state === "found" ? {
+    uri: found.culprit_uri, sha: found.sha, subject: found.subject, author: found.author,
+    build: found.build } : null);
+  const red = (history && history.greenness === "red") || Boolean(queue.culprit || search);
+  if (!red) return null;
+  const builds = search ? search.builds : found ? found.builds : null;
+  if (culprit) {
+    return el("div", { class: "culprit", "data-culprit": culprit.uri },
+      outcomeBadge("red", "red since"), " ", commitLine(culprit.sha || culprit.uri, culprit.subject, culprit.author),
+      el("span", { class: "muted", title: culprit.found_at || null }, " — the culprit"
+        + (culprit.found_at ? ", found " + ago(culprit.found_at) : "")
+        + (builds === null ? "" : builds === 0 ? " (its first parent is the last green commit)"
+          : " with " + plural(builds, "backfill build"))),
+      culprit.build && culprit.build.url ? [" · ", buildLink(culprit.build)] : null);
+  }
+  if (search || (found && found.state === "bisecting")) {
+    const words = search ? search.words
+      : "bisecting: the culprit is among " + plural(found.suspects, "commit") + "; " + plural(found.builds, "backfill build") + " so far";
+    return el("div", { class: "culprit searching" }, outcomeBadge("red", "red"), " ", words);
+  }
+  let firstRed = null;
+  for (const entry of (history && history.entries) || []) { // newest first, back to the last green
+    if (entry.outcome === "green") break;
+    if (entry.outcome === "red") firstRed = entry;
+  }
+  return el("div", { class: "culprit" }, outcomeBadge("red", "red"), " ",
+    firstRed ? ["first red build since the last green one: ",
+      commitLine(firstRed.sha, firstRed.subject, firstRed.author),
+      el("span", { class: "muted" }, " (an earlier commit that was not built may have broken it)")] : null,
+    found && found.detail ? el("span", { class: "muted" }, " — " + found.detail) : null);
+}
+
+function cellLabel(entry) {
+  return [shortSha(entry.sha), outcomeWord(entry), entry.subject || "", entry.author ? "by " + authorName(entry.author) : "",
+    KINDS[entry.kind] || entry.kind, entry.culprit ? "the culprit" : "", entry.bookmark ? "last green (bookmark)" : ""]
+    .filter(Boolean).join(", ");
+}
+
+function renderHistory(queueName, result) {
+  const box = el("div", { class: "history", "data-history-of": queueName });
+  const heading = el("div", { class: "history-head" },
+    el("h4", { id: "history-" + queueName }, "History"),
+    el("span", { class: "muted" }, "oldest on the left, newest on the right"), legend());
+  if (!result || !result.ok) {
+    box.append(heading, el("p", { class: "empty banner" }, "History unavailable: "
+      + ((result && result.body && result.body.error) || "HTTP " + (result ? result.status : "?"))));
+    return box;
+  }
+  const entries = result.body.entries || [];
+  if (entries.length === 0) {
+    box.append(heading, el("p", { class: "empty muted" }, "Nothing built yet."));
+    return box;
+  }
+  const chosenId = picked.get(queueName);
+  const chosen = entries.find((e) => e.request_id === chosenId)
+    || entries.find((e) => e.culprit) || entries[0];
+  const shown = entries.slice().reverse(); // newest on the right
+  const cells = shown.map((entry) => {
+    const selected = entry === chosen;
+    const classes = ["cell", "outcome-" + entry.outcome, "kind-" + entry.kind];
+    if (entry.culprit) classes.push("is-culprit");
+    if (entry.bookmark) classes.push("is-bookmark");
+    return el("li", {
+      class: classes.join(" "), role: "option", tabindex: selected ? "0" : "-1",
+      "aria-selected": selected ? "true" : "false", "aria-label": cellLabel(entry),
+      title: cellLabel(entry), "data-history": entry.request_id, "data-outcome": entry.outcome,
+    },
+    el("span", { class: "cell-mark", "aria-hidden": "true" }, (OUTCOMES[entry.outcome] || {}).symbol || "·"),
+    el("span", { class: "cell-sha", "aria-hidden": "true" }, shortSha(entry.sha)),
+    entry.culprit ? el("span", { class: "cell-tag", "aria-hidden": "true" }, "culprit") : null,
+    entry.bookmark && !entry.culprit ? el("span", { class: "cell-tag", "aria-hidden": "true" }, "bookmark") : null);
+  });
+  const strip = el("ol", { class: "strip-cells", role: "listbox", "aria-labelledby": "history-" + queueName,
+    "aria-orientation": "horizontal" }, cells);
+  strip.addEventListener("click", (event) => {
+    const cell = event.target.closest("[data-history]");
+    if (cell) pick(queueName, cell);
+  });
+  strip.addEventListener("focusin", (event) => {
+    const cell = event.target.closest("[data-history]");
+    if (cell && cell.getAttribute("aria-selected") !== "true") pick(queueName, cell);
+  });
+  strip.addEventListener("keydown", (event) => {
+    const all = Array.from(strip.querySelectorAll("[data-history]"));
+    const at = all.indexOf(document.activeElement);
+    const to = { ArrowLeft: at - 1, ArrowRight: at + 1, Home: 0, End: all.length - 1 }[event.key];
+    if (to === undefined || at < 0) return;
+    event.preventDefault();
+    const next = all[Math.max(0, Math.min(all.length - 1, to))];
+    next.focus();
+  });
+  box.append(heading, strip, el("div", { class: "cell-detail", "aria-live": "polite" }, cellDetail(chosen)));
+  box.entries = entries;
+  return box;
+}
+
+// A cell picked by click, focus or arrow key: its details, without waiting for a redraw.
+function pick(queueName, cell) {
+  const box = cell.closest(".history");
+  const entry = (box.entries || []).find((e) => e.request_id === cell.dataset.history);
+  if (!entry) return;
+  picked.set(queueName, entry.request_id);
+  for (const other of box.querySelectorAll("[data-history]")) {
+    const selected = other === cell;
+    other.setAttribute("aria-selected", selected ? "true" : "false");
+    other.tabIndex = selected ? 0 : -1;
+  }
+  box.querySelector(".cell-detail").replaceChildren(cellDetail(entry));
+}
+
+function cellDetail(entry) {
+  const signal = entry.time_to_signal_s !== null && entry.time_to_signal_s !== undefined
+    ? "signal after " + duration(entry.time_to_signal_s) : null;
+  return el("div", { "data-detail": entry.request_id },
+    el("div", { class: "detail-title" }, outcomeBadge(entry.outcome, outcomeWord(entry)), " ",
+      commitLine(entry.sha, entry.subject, entry.author),
+      entry.culprit ? el("span", { class: "tag culprit-tag" }, "culprit") : null,
+      entry.bookmark ? el("span", { class: "tag" }, "last green") : null),
+    el("div", { class: "detail-meta muted" },
+      el("a", { href: requestLink(entry.request_id) }, entry.request_id), " · ",
+      KINDS[entry.kind] || entry.kind,
+      entry.attempts > 1 ? " · " + plural(entry.attempts, "attempt") : null,
+      " · ingested ", el("span", { title: entry.ingested_at }, ago(entry.ingested_at)),
+      signal ? " · " + signal : null,
+      entry.build ? [" · ", buildLink(entry.build)] : null),
+    entry.reason ? el("div", { class: "detail-reason" }, entry.reason) : null);
+}
+
+function legend() {
+  return el("ul", { class: "legend", "aria-label": "Legend" },
+    Object.entries(OUTCOMES).map(([outcome, known]) => el("li", {},
+      el("span", { class: "legend-swatch outcome-" + outcome, "aria-hidden": "true" }, known.symbol),
+      " " + known.word)));
+}
+
+// The branch's story since its last green commit (GET /api/queues/{queue}/explain).
+function renderStory(result) {
+  if (!result) return null; // the worker has no explain endpoint
+  const box = el("div", { class: "story panel" }, el("h4", {}, "Why the bookmark is where it is"));
+  if (!result.ok) {
+    box.append(el("p", { class: "muted" }, "Story unavailable: "
+      + ((result.body && result.body.error) || "HTTP " + result.status)));
+    return box;
+  }
+  const explain = result.body;
+  if (explain.summary) box.append(el("p", { class: "story-summary" }, explain.summary));
+  const items = (explain.story || []).map((step) => {
+    const build = step.build;
+    return el("li", { "data-story": step.request_id || step.uri },
+      outcomeBadge(outcomeOfState(step.state, step.verdict)), " ",
+      commitLine(step.sha || step.uri, step.subject, step.author),
+      step.culprit ? el("span", { class: "tag culprit-tag" }, "culprit") : null,
+      step.bookmark ? el("span", { class: "tag" }, "last green") : null,
+      el("div", { class: "story-words" }, step.words || "",
+        build && build.url ? [" · ", buildLink(build)] : null));
+  });
+  box.append(items.length ? el("ol", { class: "story-list" }, items)
+    : el("p", { class: "muted" }, "Nothing since the last green commit."));
+  return box;
+}
+
+function percentile(values, p) {
+  if (!values.length) return null;
+  const sorted = values.slice().sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)];
+}
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value !== null && value !== undefined) node.setAttribute(key, String(value));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+// Time to signal (ingest → fact) of each built commit in the strip, oldest on the left.
+function renderSignal(history, health) {
+  const box = el("div", { class: "signal panel" }, el("h4", {}, "Time to signal"));
+  const points = ((history && history.entries) || []).slice().reverse()
+    .filter((e) => e.time_to_signal_s !== null && e.time_to_signal_s !== undefined);
+  const values = points.map((e) => e.time_to_signal_s);
+  const p50 = percentile(values, 50);
+  const p90 = percentile(values, 90);
+  box.append(el("p", { class: "signal-summary" }, values.length
+    ? "The strip's " + plural(values.length, "built commit") + ", ingest to fact: median " + duration(p50)
+      + ", p90 " + duration(p90) + ", slowest " + duration(Math.max(...values))
+    : "No signal yet."));
+  if (health) box.append(healthFigures(health));
+  if (!values.length) return box;
+  // the plot lies between `left` and `right`; the margins carry the labels
+  const width = 440;
+  const height = 130;
+  const left = 52;
+  const right = width - 72;
+  const bottom = 18;
+  const top = 10;
+  const max = Math.max(...values, 1);
+  const band = (right - left) / Math.max(points.length, 10);
+  const y = (v) => top + (height - top - bottom) * (1 - v / max);
+  const bars = points.map((e, i) => svg("rect", {
+    class: "bar outcome-" + e.outcome, x: (left + i * band + band * 0.15).toFixed(1),
+    y: y(e.time_to_signal_s).toFixed(1), width: Math.max(1, band * 0.7).toFixed(1),
+    height: Math.max(1, height - bottom - y(e.time_to_signal_s)).toFixed(1),
+    "data-signal": e.request_id,
+  }, svg("title", {}, shortSha(e.sha) + " " + outcomeWord(e) + ": " + duration(e.time_to_signal_s))));
+  // p50 and p90 are labelled right of the plot, p90 above p50 when they are close
+  const mark = (v, label, labelY) => svg("g", { class: "mark" },
+    svg("line", { x1: left, x2: right, y1: y(v).toFixed(1), y2: y(v).toFixed(1) }),
+    svg("text", { x: right + 4, y: (labelY + 3).toFixed(1) }, label + " " + duration(v)));
+  const p90Y = Math.min(y(p90), y(p50) - 11);
+  box.append(svg("svg", {
+    class: "signal-chart", viewBox: "0 0 " + width + " " + height, width, height, role: "img",
+    "aria-label": "Time to signal of the strip's " + plural(values.length, "built commit")
+      + ", oldest first: median " + duration(p50) + ", p90 " + duration(p90),
+  },
+  svg("line", { class: "axis", x1: left, x2: right, y1: height - bottom, y2: height - bottom }),
+  svg("text", { class: "axis-label", x: left - 4, y: height - bottom + 3, "text-anchor": "end" }, "0"),
+  svg("text", { class: "axis-label", x: left - 4, y: top + 3, "text-anchor": "end" }, duration(max)),
+  bars, mark(p50, "p50", y(p50)), mark(p90, "p90", p90Y),
+  svg("text", { class: "axis-label", x: right, y: height - 3, "text-anchor": "end" }, "newest →")));
+  return box;
+}
+
+// The queue's health figures (GET /api/queues/{queue}/health, or the queue's overview).
+function healthFigures(health) {
+  const chips = [];
+  const add = (label, value, title) => {
+    if (value !== null && value !== undefined && value !== "") {
+      chips.push(el("span", { class: "chip", title: title || null }, label + " ", el("b", {}, value)));
+    }
+  };
+  const days = (seconds) => seconds >= 86400 * 2 ? Math.round(seconds / 86400) + " days"
+    : Math.round(seconds / 3600) + " h";
+  const tts = health.time_to_signal;
+  if (tts && tts.p50_s !== null && tts.p50_s !== undefined) {
+    const over = "heads and commits validated again, last " + days(tts.window_s) + " (" + plural(tts.facts, "fact") + ")";
+    add("p50", duration(tts.p50_s), over);
+    add("p90", duration(tts.p90_s), over);
+  }
+  const red = health.red;
+  if (red && red.share !== null && red.share !== undefined) {
+    add("red, last " + days(red.window_s), Math.round(red.share * 100) + "%", "share of the time the branch was red");
+  }
+  if (red && red.streak_s !== null && red.streak_s !== undefined) add("red for", duration(red.streak_s), red.red_since);
+  const lag = health.bookmark_lag;
+  if (lag && lag.commits !== null && lag.commits !== undefined) {
+    add("bookmark behind", (lag.commits_more_than ? "more than " : "") + plural(lag.commits, "commit")
+      + (lag.seconds ? ", " + duration(lag.seconds) : ""));
+  } else if (lag && lag.seconds) {
+    add("bookmark behind", duration(lag.seconds), lag.commits_note);
+  }
+  const flakes = health.flakes;
+  if (flakes && typeof flakes.in_window === "number") {
+    add("flakes, last " + days(flakes.window_s), flakes.in_window, flakes.total + " in all");
+  }
+  return chips.length ? el("div", { class: "chips health-figures" }, chips) : null;
+}
+
+// Keyboard focus on a history cell survives the redraw that replaces it.
+function focusedCell() {
+  const active = document.activeElement;
+  const cell = active && active.closest ? active.closest("[data-history]") : null;
+  return cell ? cell.dataset.history : null;
+}
+
+function restoreFocus(requestId) {
+  if (!requestId) return;
+  const cell = document.querySelector('[data-history="' + CSS.escape(requestId) + '"]');
+  if (cell) cell.focus({ preventScroll: true });
 }
 
 // One Request in detail at /#request=<id> (the link commit statuses and alerts carry).
@@ -388,11 +782,18 @@ async function refresh() {
       showProblem("Queues unavailable: " + ((queues.body && queues.body.error) || "HTTP " + queues.status));
     } else {
       const list = queues.body.queues;
-      const recents = await Promise.all(list.map((q) =>
-        getJson("/api/queues/" + encodeURIComponent(q.name) + "/requests?limit=" + RECENT)));
-      const cards = list.map((q, i) => renderQueue(q, recents[i]));
+      const per = await Promise.all(list.map((q) => {
+        const base = "/api/queues/" + encodeURIComponent(q.name);
+        return Promise.all([getJson(base + "/requests?limit=" + RECENT),
+          getJson(base + "/history?limit=" + HISTORY), optionalJson("explain", base + "/explain"),
+          optionalJson("health", base + "/health")]);
+      }));
+      const cards = list.map((q, i) => renderQueue(q, per[i][0],
+        { history: per[i][1], explain: per[i][2], health: per[i][3] }));
+      const focused = focusedCell();
       document.getElementById("queues").replaceChildren(
         ...(cards.length ? cards : [el("p", { class: "muted" }, "No queues configured.")]));
+      restoreFocus(focused);
       showProblem("");
     }
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
