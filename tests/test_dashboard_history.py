@@ -114,11 +114,10 @@ STRIP = _js("Array.from(document.querySelectorAll("
             "culprit: cell.classList.contains('is-culprit')}))", q=json.dumps(QUEUE))
 
 
-def _start_red_branch(web: WebPipeline, tmp_path: Path) -> Branch:
+def _start_red_branch(web: WebPipeline, branch: Branch) -> None:
     """c0 green; one push of c1..c8 where c5 breaks the build: the culprit search names c5
-    after backfilling c4, c6 and c5. Then c9 is building (held), c10 was superseded by c11,
-    which waits for the slot."""
-    branch = Branch(tmp_path)
+    after backfilling c4, c6 and c5. Then c9 is building (held by latch "c9"), c10 was
+    superseded by c11, which waits for the slot."""
     add_culprit_queue(web, branch)
     branch.commit("c0", "green")
     web.start_web_worker()
@@ -142,13 +141,21 @@ def _start_red_branch(web: WebPipeline, tmp_path: Path) -> Branch:
     wait_until(lambda: web.states(QUEUE).get(f"request/{QUEUE}/4") == "superseded",
                timeout=60, what="c10's Request to be superseded by c11's")
     assert web.states(QUEUE)[waiting] == "accepted"
-    return branch
 
 
 def test_the_history_strip_the_culprit_and_the_links(web: WebPipeline,
                                                      tmp_path: Path) -> None:
     chromium()
-    branch = _start_red_branch(web, tmp_path)
+    branch = Branch(tmp_path)
+    try:
+        _check_the_page(web, branch, tmp_path)
+    finally:  # a held build ends by itself once released: no process outlives the test
+        branch.release("c9")
+    web.wait_quiet(timeout=120)
+
+
+def _check_the_page(web: WebPipeline, branch: Branch, tmp_path: Path) -> None:
+    _start_red_branch(web, branch)
     short = {name: sha[:7] for name, sha in branch.shas.items()}
     ids = [f"request/{QUEUE}/{n}" for n in ("1", "1~4", "1~5", "1~6", "2", "3", "4", "5")]
     names = ["c0", "c4", "c5", "c6", "c8", "c9", "c10", "c11"]
@@ -256,6 +263,3 @@ def test_the_history_strip_the_culprit_and_the_links(web: WebPipeline,
     assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if os.environ.get("STOVEPIPE_UPDATE_SCREENSHOTS") == "1":
         shutil.copyfile(SCREENSHOT, README_SCREENSHOT)
-
-    branch.release("c9")  # let the held build end: no process outlives the test
-    web.wait_quiet(timeout=120)

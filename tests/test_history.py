@@ -9,11 +9,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from store import BuildStatus, BuildStrategy, Database, Request
+from store import (
+    BuildStatus,
+    BuildStrategy,
+    Database,
+    Request,
+    RequestState,
+    Verdict,
+)
 from store.culprits import SearchState
 from streams.config.queues import Extensions, load_queues
 from streams.extensions.sourcecontrol import CommitInfo, SourceControlError
@@ -24,6 +32,7 @@ from streams.web.history import (
     DescribesCommits,
     Outcome,
     build_log_path,
+    outcome_of,
     queue_history,
 )
 
@@ -271,3 +280,21 @@ def test_builds_link_to_the_command_log_or_the_providers_page(migrated_dsn: str,
         assert entry.outcome is Outcome.GREEN and entry.bookmark
 
     _deps_run(migrated_dsn, tmp_path, body)
+
+
+@pytest.mark.parametrize(("state", "verdict", "outcome"), [
+    (RequestState.SUCCEEDED, Verdict.GREEN, Outcome.GREEN),
+    (RequestState.FAILED, Verdict.RED, Outcome.RED),
+    (RequestState.FAILED, None, Outcome.UNVALIDATED),  # could not validate: never red
+    (RequestState.SUPERSEDED, None, Outcome.SUPERSEDED),
+    (RequestState.PROCESSING, None, Outcome.RUNNING),
+    (RequestState.ACCEPTED, None, Outcome.WAITING),
+    (RequestState.CANCELLED, None, Outcome.CANCELLED),
+])
+def test_every_request_state_has_one_outcome(state: RequestState, verdict: Verdict | None,
+                                             outcome: Outcome) -> None:
+    now = datetime.now(UTC)
+    request = Request(queue=Q, id=f"request/{Q}/1", uri=uri("c0"), state=state,
+                      build_strategy=None, base_uri=None, version=1, created_at=now,
+                      updated_at=now, verdict=verdict)
+    assert outcome_of(request) is outcome
