@@ -19,6 +19,7 @@ from streams.extensions.sourcecontrol import (
     NotOnFirstParent,
     SourceControl,
     SourceControlError,
+    TooManyCommits,
     UnknownRef,
 )
 from streams.extensions.sourcecontrol.git import GitSourceControl
@@ -185,7 +186,7 @@ def test_commits_between_walk_the_first_parent_history(origin: Origin,
     # the feature commit is an ancestor, but not on the first-parent history
     with pytest.raises(NotOnFirstParent, match="first-parent"):
         run(sc.commits_between(origin.uri(feature), origin.uri(last), limit=10))
-    with pytest.raises(NotOnFirstParent, match="more than 2 commits"):
+    with pytest.raises(TooManyCommits, match="more than 2 commits"):
         run(sc.commits_between(origin.uri(green), origin.uri(last), limit=2))
     with pytest.raises(CommitNotFound):
         run(sc.commits_between(origin.uri("0" * 40), origin.uri(last), limit=10))

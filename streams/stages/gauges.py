@@ -38,7 +38,12 @@ from datetime import datetime
 from prometheus_client import Gauge
 
 from store import NotFound, make_request_id, request_seq
-from streams.extensions.sourcecontrol import CommitNotFound, NotOnFirstParent, SourceControlError
+from streams.extensions.sourcecontrol import (
+    CommitNotFound,
+    NotOnFirstParent,
+    SourceControlError,
+    TooManyCommits,
+)
 from streams.runtime import metrics
 from streams.runtime.classify import is_outage
 from streams.runtime.stage import Publisher
@@ -203,15 +208,15 @@ async def _commits_behind(deps: Deps, queue: str, bookmark_uri: str, head_uri: s
                 between = await source_control.commits_between(
                     bookmark_uri, head_uri, limit=LAG_COMMITS_LIMIT)
                 counted: tuple[int | None, bool, str | None] = (len(between), False, None)
+            except TooManyCommits:
+                # more than the limit since the bookmark — if it is in the head's history
+                # at all: past the limit the walk cannot tell, ancestry can
+                counted = ((LAG_COMMITS_LIMIT, True, None)
+                           if await source_control.is_ancestor(bookmark_uri, head_uri)
+                           else (None, False, REWRITTEN))
             except NotOnFirstParent:
-                # too many commits, or not on the first-parent history at all: ancestry
-                # tells them apart (a commit merged in by a second parent counts as the
-                # former: the count would have to walk around it)
-                if await source_control.is_ancestor(bookmark_uri, head_uri):
-                    counted = (LAG_COMMITS_LIMIT, True, None)
-                else:
-                    counted = (None, False, "the bookmarked commit is not in the head's "
-                                            "history (the branch was rewritten)")
+                counted = (None, False, MERGED_IN if await source_control.is_ancestor(
+                    bookmark_uri, head_uri) else REWRITTEN)
             except CommitNotFound as exc:
                 counted = (None, False, f"the repository does not have it: {exc}")
     except TimeoutError:
@@ -221,6 +226,10 @@ async def _commits_behind(deps: Deps, queue: str, bookmark_uri: str, head_uri: s
     _lag_counts[queue] = (pair, counted)
     return counted
 
+
+REWRITTEN = "the bookmarked commit is not in the head's history (the branch was rewritten)"
+MERGED_IN = ("the bookmarked commit came into the head's history through a merge, not on its "
+             "first-parent history: its commits are not counted")
 
 # per queue: (a time, the flaky facts recorded before it), see `FactStore.flaky_before`
 _flake_bases: dict[str, tuple[datetime, int]] = {}

@@ -14,6 +14,7 @@ from streams.extensions.sourcecontrol.contract import (
     PromotionMoved,
     SourceControl,
     SourceControlError,
+    TooManyCommits,
     UnknownRef,
 )
 from streams.extensions.sourcecontrol.fake import FakeSourceControlSpec
@@ -22,6 +23,16 @@ from streams.extensions.sourcecontrol.git import GitSourceControlSpec
 # The registry of kinds, in the order error messages list them.
 SourceControlSpec = FakeSourceControlSpec | GitSourceControlSpec
 
-__all__ = ["AmbiguousCommit", "CommitInfo", "CommitNotFound", "NotOnFirstParent",
-           "PromotionMoved", "SourceControl",
-           "SourceControlError", "SourceControlSpec", "UnknownRef", "commit_sha"]
+__all__ = [
+    "AmbiguousCommit",
+    "CommitInfo",
+    "CommitNotFound",
+    "NotOnFirstParent",
+    "PromotionMoved",
+    "SourceControl",
+    "SourceControlError",
+    "SourceControlSpec",
+    "TooManyCommits",
+    "UnknownRef",
+    "commit_sha",
+]

@@ -54,6 +54,11 @@ class NotOnFirstParent(SourceControlError):
     rewritten, or the older commit came in through a merge's second parent)."""
 
 
+class TooManyCommits(NotOnFirstParent):
+    """More commits lie between the two than the caller would list: the older one may
+    well be on the history, further back."""
+
+
 @dataclass(frozen=True)
 class CommitInfo:
     """What a person recognises a commit by."""
@@ -109,8 +114,9 @@ class SourceControl(Protocol):
         """The commits after ``older_uri`` up to and including ``newer_uri`` on
         ``newer_uri``'s first-parent history, oldest first (git: ``rev-list
         --first-parent older..newer``); empty when they are the same commit.
-        NotOnFirstParent when ``older_uri`` is not on that history, or when more than
-        ``limit`` commits lie between them; CommitNotFound when either is unknown."""
+        NotOnFirstParent when ``older_uri`` is not on that history, TooManyCommits (a
+        NotOnFirstParent) when more than ``limit`` commits lie between them;
+        CommitNotFound when either is unknown."""
         ...
 
     async def describe(self, uris: Sequence[str]) -> list[CommitInfo]:

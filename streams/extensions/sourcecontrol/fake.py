@@ -52,6 +52,7 @@ from streams.extensions.sourcecontrol.contract import (
     NotOnFirstParent,
     PromotionMoved,
     SourceControlError,
+    TooManyCommits,
     UnknownRef,
     one_commit,
 )
@@ -375,7 +376,7 @@ class FakeSourceControl:
         sha: str | None = newer
         while sha is not None and sha != older:
             if len(walked) == limit:
-                raise NotOnFirstParent(f"more than {limit} commits lie between {older} and "
+                raise TooManyCommits(f"more than {limit} commits lie between {older} and "
                                        f"{newer} on {self.ref!r}")
             walked.append(sha)
             parents = state.parents(sha)

@@ -26,6 +26,7 @@ from streams.extensions.sourcecontrol.contract import (
     CommitInfo,
     CommitNotFound,
     NotOnFirstParent,
+    TooManyCommits,
     UnknownRef,
     one_commit,
 )
@@ -179,7 +180,7 @@ class GitSourceControl:
             return []
         logged = await self.repo.first_parent_log(older, newer, limit + 1)
         if len(logged) > limit:
-            raise NotOnFirstParent(f"more than {limit} commits lie between {older[:12]} and "
+            raise TooManyCommits(f"more than {limit} commits lie between {older[:12]} and "
                                    f"{newer[:12]} on {self.ref!r}")
         # older..newer stops at the first commit older reaches: older itself when it is
         # on the first-parent history, else the merge base or a root
