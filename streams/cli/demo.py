@@ -254,6 +254,8 @@ class Progress:
 def demo_command(web_port: int, keep_running: bool | None) -> None:
     """Run Stovepipe end to end on a demo git repository."""
     started = time.monotonic()
+    # stopped by SIGTERM as by Ctrl-C: the worker it started is stopped too
+    signal.signal(signal.SIGTERM, _interrupted)
     # brand-new topics answer "not leader" for a moment; the client retries, quietly
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
     settings = settings_mod.load_settings()
@@ -324,6 +326,10 @@ def demo_command(web_port: int, keep_running: bool | None) -> None:
                 worker.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(worker.pid, signal.SIGKILL)
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _print_summary(dsn: str, repo: DemoRepository, commits: dict[str, tuple[str, str]],
