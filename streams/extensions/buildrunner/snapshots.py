@@ -13,7 +13,9 @@ Poll loops are steered to the snapshot's schedule (`Snapshot.wait_before_next`):
 holds until just after the pipeline's next refresh is due, so the first loop to arrive
 refreshes it and the others share that call — one call per pipeline per period however
 many builds run on it, and a build's end is seen within one period of the provider
-reporting it.
+reporting it. A list call that fails is an answer too: every loop of the pipeline gets
+that failure until the next refresh is due, so a provider's outage is asked about once
+per period per pipeline, not once per build.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Snapshot:
     created: dict[str, str] = field(default_factory=dict)  # build key -> created time
     refreshes: int = 0
     _refreshing: asyncio.Future[None] | None = None
+    _failure: BaseException | None = None  # what the last refresh raised, if it failed
 
     async def lookup(self, key: str) -> Any | None:
         """What the provider said of build ``key`` in a list taken at most a period ago
@@ -55,6 +58,10 @@ class Snapshot:
             await asyncio.shield(self._refreshing)
         elif now - self.taken_at >= self.period - MARGIN:
             await self._refresh(now, max(self.period, MARGIN))
+        elif self._failure is not None:
+            # the last list failed less than a period ago: its answer stands for every
+            # loop of the pipeline, so an outage costs one call per period, as health does
+            raise self._failure
         return self.builds.get(key)
 
     def plan(self, period: float) -> float:
@@ -94,9 +101,16 @@ class Snapshot:
                 if isinstance(created, str):
                     self.created[key] = created
             self.refreshes += 1
+            self._failure = None
             future.set_result(None)
+        except asyncio.CancelledError:
+            # not an answer: the next poll tries again; a loop waiting on this one goes
+            # on with what the snapshot had (or asks for its build alone)
+            self.taken_at = float("-inf")
+            future.set_result(None)
+            raise
         except BaseException as exc:
-            self.taken_at = float("-inf")  # failed: the next poll tries again
+            self._failure = exc  # an answer: it stands until the next refresh is due
             future.set_exception(exc)
             future.exception()  # retrieved: the waiters get it through the shield
             raise
