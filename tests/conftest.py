@@ -6,7 +6,9 @@ The broker and database are chosen in this order:
 3. the local stack (``stovepipe dev up``), started on demand.
 
 Every test gets its own topic-name prefix and its own PostgreSQL schema, so tests can
-run in any order and never see each other's data.
+run in any order and never see each other's data. The exception is by design: the tests
+of a module that take a `lane` share one worker, topic set and schema
+(`tests.shared_worker`), each with queues of its own and checks that see only those.
 
 No test may leave a process behind. ``STOVEPIPE_TEST_SESSION=<uuid>`` is exported before
 anything starts, so every process the tests start carries it in its environment (unless
@@ -44,6 +46,7 @@ from streams.config import settings as settings_mod
 
 if TYPE_CHECKING:
     from tests.pipeline_support import Pipeline
+    from tests.shared_worker import Lane, SharedPipeline
     from tests.web_support import WebPipeline
 
 SESSION_ENV = "STOVEPIPE_TEST_SESSION"
@@ -183,6 +186,13 @@ class _Leftovers:
 _LEFTOVERS = _Leftovers()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.shared_worker import MARKERS
+
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
     try:
@@ -301,10 +311,18 @@ def postgres_dsn(services: _Services) -> str:
 def topic_prefix(services: _Services) -> Iterator[str]:
     """A prefix no other test uses, so each test has its own topics; they are deleted
     afterwards so a long-lived local broker does not pile up partitions."""
+    with _own_topic_prefix(services) as prefix:
+        yield prefix
+
+
+@contextlib.contextmanager
+def _own_topic_prefix(services: _Services) -> Iterator[str]:
     prefix = f"t{uuid.uuid4().hex[:10]}."
-    yield prefix
-    if services.kafka_bootstrap and services._resolved:
-        _delete_topics(services.kafka_bootstrap, prefix)
+    try:
+        yield prefix
+    finally:
+        if services.kafka_bootstrap and services._resolved:
+            _delete_topics(services.kafka_bootstrap, prefix)
 
 
 def _delete_topics(bootstrap: str, prefix: str) -> None:
@@ -325,6 +343,12 @@ def _delete_topics(bootstrap: str, prefix: str) -> None:
 @pytest.fixture
 def schema_dsn(postgres_dsn: str) -> Iterator[str]:
     """A DSN whose search_path is a fresh, empty schema dropped after the test."""
+    with _own_schema(postgres_dsn) as dsn:
+        yield dsn
+
+
+@contextlib.contextmanager
+def _own_schema(postgres_dsn: str) -> Iterator[str]:
     schema = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
@@ -372,3 +396,31 @@ def web(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
         yield p
     finally:
         p.stop_workers()
+
+
+@pytest.fixture(scope="module")
+def shared_pipeline(request: pytest.FixtureRequest, services: _Services,
+                    kafka_bootstrap: str, postgres_dsn: str,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedPipeline]:
+    """The module's one worker (topics, schema, consumer group) for its `lane` tests,
+    started with every lane's queues and stopped after the module's last test."""
+    from store.migrations import migrate
+    from tests.shared_worker import SharedPipeline, lane_items
+
+    with _own_schema(postgres_dsn) as dsn, _own_topic_prefix(services) as prefix:
+        migrate(dsn)
+        shared = SharedPipeline(bootstrap=kafka_bootstrap, dsn=dsn, prefix=prefix,
+                                root=tmp_path_factory.mktemp("shared"),
+                                items=lane_items(request.session, request.module))
+        try:
+            shared.start_worker()
+            yield shared
+        finally:
+            shared.stop_workers()
+
+
+@pytest.fixture
+def lane(shared_pipeline: SharedPipeline, request: pytest.FixtureRequest) -> Iterator[Lane]:
+    """This test's queues on the module's shared worker: `tests.shared_worker.Lane`."""
+    yield shared_pipeline.lane(request.node.nodeid)
+    shared_pipeline.lane_done(request.node.nodeid)

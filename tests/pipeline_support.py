@@ -2,6 +2,11 @@
 
 Tests act only through the `stovepipe` command, the Kafka topics and the database; the
 fake source control's file stands in for the repository a developer pushes to.
+
+A `Pipeline` is a deployment of its own and sees every queue of its schema. A view that
+shares its deployment with other tests (`tests.shared_worker.Lane`) sets ``scope`` to its
+own queues: then every check here (states, quiet, invariants, exact outcomes, dead
+letters, parked messages) looks at those queues' rows and messages only.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 import psycopg
 import yaml
 
+from contract import MalformedPayload, unmarshal
 from streams.config.settings import REPO_ROOT
 from streams.config.topics import TopicsConfig
 from streams.extensions.sourcecontrol.fake import FakeRepo
@@ -31,8 +37,34 @@ STOVEPIPE = [sys.executable, "-m", "streams.cli"]
 TERMINAL = ("superseded", "succeeded", "failed", "cancelled")
 
 
+def fake_queue(name: str, *, repo_file: Path, state_dir: Path, max_concurrent: int = 1,
+               poll_deadline: str = "60s", promotion_ref: str | None = "verified-main",
+               ref: str | None = None, source_latency: dict[str, str] | None = None,
+               **extra: Any) -> tuple[str, dict[str, Any]]:
+    """(ref, queues.yaml entry) of a queue on the fake source control and build runner,
+    with short delays so a test runs in seconds."""
+    ref = ref or f"{name}-main"
+    return ref, {
+        "source_control": {"kind": "fake", "path": str(repo_file), "repo": "r", "ref": ref,
+                           **({"promotion_ref": f"{ref}-{promotion_ref}"}
+                              if promotion_ref else {}),
+                           **({"latency": source_latency} if source_latency else {})},
+        "build_runner": {"kind": "fake", "state_dir": str(state_dir)},
+        "max_concurrent": max_concurrent,
+        "gate_delay": "200ms",
+        "poll_delay_queued": "200ms",
+        "poll_delay_running": "200ms",
+        "poll_deadline": poll_deadline,
+        **extra,
+    }
+
+
 class Pipeline:
     """One isolated Stovepipe deployment: its own topics, schema, queues and workers."""
+
+    # the queues this object answers for: None, every queue of the schema (a deployment of
+    # its own); a Lane of a shared worker (tests.shared_worker) sees only its own
+    scope: tuple[str, ...] | None = None
 
     def __init__(self, *, bootstrap: str, dsn: str, prefix: str, root: Path) -> None:
         self.bootstrap, self.dsn, self.prefix, self.root = bootstrap, dsn, prefix, root
@@ -53,21 +85,10 @@ class Pipeline:
     def add_queue(self, name: str, *, max_concurrent: int = 1, poll_deadline: str = "60s",
                   promotion_ref: str | None = "verified-main", ref: str | None = None,
                   source_latency: dict[str, str] | None = None, **extra: Any) -> str:
-        ref = ref or f"{name}-main"
-        self.queues[name] = {
-            "source_control": {"kind": "fake", "path": str(self.repo_file), "repo": "r",
-                               "ref": ref,
-                               **({"promotion_ref": f"{ref}-{promotion_ref}"}
-                                  if promotion_ref else {}),
-                               **({"latency": source_latency} if source_latency else {})},
-            "build_runner": {"kind": "fake", "state_dir": str(self.cancel_dir)},
-            "max_concurrent": max_concurrent,
-            "gate_delay": "200ms",
-            "poll_delay_queued": "200ms",
-            "poll_delay_running": "200ms",
-            "poll_deadline": poll_deadline,
-            **extra,
-        }
+        ref, self.queues[name] = fake_queue(
+            name, repo_file=self.repo_file, state_dir=self.cancel_dir,
+            max_concurrent=max_concurrent, poll_deadline=poll_deadline,
+            promotion_ref=promotion_ref, ref=ref, source_latency=source_latency, **extra)
         self.queues_file.write_text(yaml.safe_dump({"queues": self.queues}))
         return ref
 
@@ -195,17 +216,25 @@ class Pipeline:
         with psycopg.connect(self.dsn) as conn:
             return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
 
-    def execute(self, sql: str) -> None:
+    def execute(self, sql: str, *params: Any) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(sql)  # type: ignore[arg-type]
+            conn.execute(sql, params or None)  # type: ignore[arg-type]
+
+    def _only(self, column: str = "queue") -> tuple[str, list[Any]]:
+        """A condition keeping the rows of ``scope``'s queues, and its parameters."""
+        if self.scope is None:
+            return "TRUE", []
+        return f"{column} = ANY(%s)", [list(self.scope)]
 
     def queue_latest(self, name: str) -> str | None:
         rows = self.query("SELECT latest_request_id FROM queue WHERE name = %s", name)
         return rows[0][0] if rows else None
 
     def states(self, queue: str | None = None) -> dict[str, str]:
-        rows = self.query("SELECT id, state FROM request" +
-                          (" WHERE queue = %s" if queue else ""), *([queue] if queue else []))
+        only, params = self._only()
+        rows = self.query(f"SELECT id, state FROM request WHERE {only}" +
+                          (" AND queue = %s" if queue else ""), *params,
+                          *([queue] if queue else []))
         return dict(rows)  # type: ignore[arg-type]
 
     def wait_terminal(self, request_ids: list[str] | None = None, timeout: float = 90) -> None:
@@ -234,29 +263,35 @@ class Pipeline:
         """Requests whose verdict a build gave (succeeded, or failed red) but whose fact
         record has not written yet: record runs after the Request turns terminal, so a test
         waits for these before it judges outcomes."""
+        only, params = self._only("r.queue")
         return [rid for (rid,) in self.query(
-            "SELECT r.id FROM request r WHERE r.verdict IS NOT NULL"
+            f"SELECT r.id FROM request r WHERE r.verdict IS NOT NULL AND {only}"
             " AND NOT EXISTS (SELECT 1 FROM validation_fact f"
-            "                 WHERE f.queue = r.queue AND f.request_id = r.id)")]
+            "                 WHERE f.queue = r.queue AND f.request_id = r.id)", *params)]
 
     def invariant_violations(self, *, strict_bookmark: bool = False) -> list[str]:
         """Design §4's invariants at a quiet point; [] when all hold."""
         from store import request_order
 
         problems: list[str] = []
+        only, params = self._only()
+        only_name, _ = self._only("name")
         queues = self.query("SELECT name, in_flight_count, last_green_uri, "
-                            "last_green_request_id, backfill_in_flight FROM queue")
+                            "last_green_request_id, backfill_in_flight FROM queue "
+                            f"WHERE {only_name}", *params)
         processing: dict[str, int] = defaultdict(int)
         backfilling: dict[str, int] = defaultdict(int)
         for queue, kind in self.query(
-                "SELECT queue, kind FROM request WHERE state = 'processing'"):
+                f"SELECT queue, kind FROM request WHERE state = 'processing' AND {only}",
+                *params):
             if kind == "backfill":
                 backfilling[queue] += 1
             else:
                 processing[queue] += 1
         facts = {r: (q, u, d) for q, u, d, r in self.query(
-            "SELECT queue, uri, degree, request_id FROM validation_fact WHERE project = ''")}
-        states = dict(self.query("SELECT id, state FROM request"))
+            "SELECT queue, uri, degree, request_id FROM validation_fact WHERE project = '' "
+            f"AND {only}", *params)}
+        states = dict(self.query(f"SELECT id, state FROM request WHERE {only}", *params))
         greens_per_commit: dict[tuple[str, str], int] = defaultdict(int)
         for q, u, d in facts.values():
             greens_per_commit[(q, u)] += d == 0
@@ -299,9 +334,14 @@ class Pipeline:
         for a head with `fail`, with a red fact (a Request failed by a reconciler has no
         fact); nothing dead-lettered and nothing parked."""
         problems = []
-        latest = dict(self.query("SELECT name, latest_request_id FROM queue"))
-        facts = {r: d for r, d in self.query("SELECT request_id, degree FROM validation_fact")}
-        for queue, rid, uri, state in self.query("SELECT queue, id, uri, state FROM request"):
+        only, params = self._only()
+        only_name, _ = self._only("name")
+        latest = dict(self.query(f"SELECT name, latest_request_id FROM queue WHERE {only_name}",
+                                 *params))
+        facts = {r: d for r, d in self.query(
+            f"SELECT request_id, degree FROM validation_fact WHERE {only}", *params)}
+        for queue, rid, uri, state in self.query(
+                f"SELECT queue, id, uri, state FROM request WHERE {only}", *params):
             fails = "fail" in uri.rsplit("/", 1)[1].split("-")
             if state == "superseded":
                 ok = rid != latest.get(queue)
@@ -318,17 +358,47 @@ class Pipeline:
         dead = self.dead_letters()
         if dead:
             problems.append(f"{dead} message(s) dead-lettered")
-        parked = self.query("SELECT topic, error FROM parked_message")
+        parked = self.parked()
         if parked:
             problems.append(f"parked: {parked[:5]}")
         return problems
 
     def dead_letters(self) -> int:
-        """Messages ever produced to the `_dlq` topics."""
-        return topic_sizes(self.bootstrap,
-                           [t.full_name for t in self.topics.dead_letters.values()])
+        """Messages ever produced to the `_dlq` topics (with a ``scope``: those about its
+        queues, and any that names no queue at all)."""
+        names = [t.full_name for t in self.topics.dead_letters.values()]
+        if self.scope is None:
+            return topic_sizes(self.bootstrap, names)
+        return sum(1 for topic, value in topic_messages(self.bootstrap, names)
+                   if self._concerns(topic, value))
+
+    def parked(self) -> list[tuple[str, str]]:
+        """(topic, error) of every parked message (with a ``scope``: those about its
+        queues, and any that names no queue at all)."""
+        rows = self.query("SELECT topic, error, value FROM parked_message ORDER BY id")
+        return [(topic, error) for topic, error, value in rows
+                if self._concerns(topic, value)]
+
+    def _concerns(self, topic: str, value: bytes | None) -> bool:
+        """Whether a message of ``topic`` is about a queue in ``scope``; one that cannot be
+        read, or names no queue, concerns every view (so that none overlooks it)."""
+        if self.scope is None:
+            return True
+        specs = {t.full_name: t for t in (*self.topics.stages.values(),
+                                          *self.topics.dead_letters.values())}
+        spec = specs.get(topic)
+        if spec is None or value is None:
+            return True
+        try:
+            payload = unmarshal(bytes(value), spec.payload)
+        except MalformedPayload:
+            return True
+        queue = getattr(payload, "queue_name", "") or getattr(payload, "queue", "")
+        return not queue or queue in self.scope
 
     def dump(self) -> dict[str, list[tuple[Any, ...]]]:
+        """Every row of the pipeline's tables: a deployment of its own only."""
+        assert self.scope is None, "dump() is of a whole deployment, not of a Lane"
         tables = {"queue": "name", "request": "queue, id", "request_uri": "queue, uri",
                   "build": "queue, id", "validation_fact": "queue, uri, project",
                   "queue_counter": "queue", "parked_message": "id",
@@ -352,6 +422,41 @@ def topic_sizes(bootstrap: str, topics: list[str]) -> int:
                                                          timeout=10)
                 total += high
         return total
+    finally:
+        consumer.close()
+
+
+def topic_messages(bootstrap: str, topics: list[str]) -> list[tuple[str, bytes | None]]:
+    """(topic, value) of every message of ``topics`` the broker still keeps."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4()}",
+                         "enable.auto.commit": False})
+    try:
+        metadata = consumer.list_topics(timeout=10)
+        ends: dict[tuple[str, int], tuple[int, int]] = {}
+        for topic in topics:
+            for p in metadata.topics[topic].partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p),
+                                                           timeout=10)
+                if high > low:
+                    ends[(topic, p)] = (low, high)
+        if not ends:
+            return []
+        consumer.assign([TopicPartition(t, p, low) for (t, p), (low, _) in ends.items()])
+        found: list[tuple[str, bytes | None]] = []
+        unread = {tp: high for tp, (_, high) in ends.items()}
+        deadline = time.monotonic() + 30
+        while unread:
+            assert time.monotonic() < deadline, f"{sorted(unread)} not read within 30 s"
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            tp = (str(msg.topic()), int(msg.partition() or 0))
+            found.append((tp[0], msg.value()))
+            if int(msg.offset() or 0) + 1 >= unread.get(tp, 0):
+                unread.pop(tp, None)
+        return found
     finally:
         consumer.close()
 

@@ -1,5 +1,9 @@
 """The Stovepipe pipeline end to end: real worker processes on the real broker and
-database, driven only through the CLI, the topics and the fake repository's file."""
+database, driven only through the CLI, the topics and the fake repository's file.
+
+Most cases need only a running worker: each takes a lane of the module's shared worker,
+with queues of its own (`tests.shared_worker`). The replay (it resets the consumer
+group's offsets), the crashes and the scale-out start and stop workers of their own."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from tests.pipeline_support import (
     produce_ingests,
     reset_group_to_beginning,
 )
+from tests.shared_worker import Lane, lane_queue
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
@@ -22,185 +27,193 @@ def _uri(ref: str, sha: str) -> str:
     return f"fake://r/{ref}/{sha}"
 
 
-def test_happy_path_green_fact_bookmark_and_promotion(pipeline: Pipeline) -> None:
-    ref = pipeline.add_queue("team/main")
-    pipeline.repo.push(ref, "a1")
-    pipeline.start_worker()
-    rid = pipeline.ingest("team/main")
-    assert rid == "request/team/main/1"
-    pipeline.wait_quiet()
-    shown = pipeline.request(rid)
+@lane_queue("team/main")
+def test_happy_path_green_fact_bookmark_and_promotion(lane: Lane) -> None:
+    queue, ref = lane.name("team/main"), lane.ref("team/main")
+    lane.repo.push(ref, "a1")
+    rid = lane.ingest(queue)
+    assert rid == f"request/{queue}/1"
+    lane.wait_quiet()
+    shown = lane.request(rid)
     assert shown["request"]["state"] == "succeeded"
     assert shown["request"]["build_strategy"] == "full"
     assert shown["fact"]["degree"] == 0
-    queue = pipeline.queue("team/main")
-    assert queue["last_green_uri"] == _uri(ref, "a1")
-    assert queue["last_green_request_id"] == rid
-    assert queue["in_flight_count"] == 0
-    assert pipeline.repo.promoted(f"{ref}-verified-main") == "a1"
-    assert pipeline.cli("fact", "team/main", _uri(ref, "a1")).returncode == 0
+    answer = lane.queue(queue)
+    assert answer["last_green_uri"] == _uri(ref, "a1")
+    assert answer["last_green_request_id"] == rid
+    assert answer["in_flight_count"] == 0
+    assert lane.repo.promoted(f"{ref}-verified-main") == "a1"
+    assert lane.cli("fact", queue, _uri(ref, "a1")).returncode == 0
     # the next head builds incrementally from the last green commit
-    pipeline.repo.push(ref, "a2")
-    rid2 = pipeline.ingest("team/main")
-    pipeline.wait_quiet()
-    second = pipeline.request(rid2)["request"]
+    lane.repo.push(ref, "a2")
+    rid2 = lane.ingest(queue)
+    lane.wait_quiet()
+    second = lane.request(rid2)["request"]
     assert second["build_strategy"] == "incremental"
     assert second["base_uri"] == _uri(ref, "a1")
-    assert pipeline.repo.promoted(f"{ref}-verified-main") == "a2"
-    assert pipeline.invariant_violations(strict_bookmark=True) == []
+    assert lane.repo.promoted(f"{ref}-verified-main") == "a2"
+    assert lane.invariant_violations(strict_bookmark=True) == []
 
 
-def test_broken_head_is_red_and_moves_nothing(pipeline: Pipeline) -> None:
-    ref = pipeline.add_queue("q")
-    pipeline.repo.push(ref, "g1")
-    pipeline.start_worker()
-    pipeline.ingest("q")
-    pipeline.wait_quiet()
-    pipeline.repo.push(ref, "b2-fail")
-    rid = pipeline.ingest("q")
-    pipeline.wait_quiet()
-    shown = pipeline.request(rid)
+@lane_queue("q")
+def test_broken_head_is_red_and_moves_nothing(lane: Lane) -> None:
+    queue, ref = lane.name("q"), lane.ref("q")
+    lane.repo.push(ref, "g1")
+    lane.ingest(queue)
+    lane.wait_quiet()
+    lane.repo.push(ref, "b2-fail")
+    rid = lane.ingest(queue)
+    lane.wait_quiet()
+    shown = lane.request(rid)
     assert shown["request"]["state"] == "failed"
     assert shown["fact"]["degree"] == 1
-    queue = pipeline.queue("q")
-    assert queue["last_green_uri"] == _uri(ref, "g1")
-    assert pipeline.repo.promoted(f"{ref}-verified-main") == "g1"
-    assert pipeline.cli("fact", "q", _uri(ref, "b2-fail"), check=False).returncode == 3
+    answer = lane.queue(queue)
+    assert answer["last_green_uri"] == _uri(ref, "g1")
+    assert lane.repo.promoted(f"{ref}-verified-main") == "g1"
+    assert lane.cli("fact", queue, _uri(ref, "b2-fail"), check=False).returncode == 3
 
 
-def test_worked_example_backlog_collapses_to_newest_head(pipeline: Pipeline) -> None:
-    ref = pipeline.add_queue("q", max_concurrent=1)
-    pipeline.start_worker()
-    pipeline.repo.push(ref, "A-latchA")  # A's build runs until the test releases it
-    rid_a = pipeline.ingest("q")
-    wait_until(lambda: pipeline.states().get(rid_a) == "processing", timeout=60,
+@lane_queue("q", max_concurrent=1)
+def test_worked_example_backlog_collapses_to_newest_head(lane: Lane) -> None:
+    queue, ref = lane.name("q"), lane.ref("q")
+    lane.repo.push(ref, "A-latchA")  # A's build runs until the test releases it
+    rid_a = lane.ingest(queue)
+    wait_until(lambda: lane.states().get(rid_a) == "processing", timeout=60,
                what="A admitted")
     ids = {"A": rid_a}
     for name in "BCDEF":
-        pipeline.repo.push(ref, name)
-        ids[name] = pipeline.ingest("q")
+        lane.repo.push(ref, name)
+        ids[name] = lane.ingest(queue)
     # D waits for the slot while A builds; B, C and E are superseded on sight
-    wait_until(lambda: all(pipeline.states()[ids[n]] == "superseded" for n in "BCE"),
+    wait_until(lambda: all(lane.states()[ids[n]] == "superseded" for n in "BCE"),
                timeout=60, what="B, C and E superseded")
-    assert pipeline.states()[rid_a] == "processing"
-    pipeline.release("A")
-    pipeline.wait_quiet(timeout=120)
-    states = pipeline.states()
+    assert lane.states()[rid_a] == "processing"
+    lane.release("A")
+    lane.wait_quiet(timeout=120)
+    states = lane.states()
     assert states[ids["A"]] == "succeeded"
     assert states[ids["F"]] == "succeeded"
     assert [states[ids[n]] for n in "BCDE"] == ["superseded"] * 4
-    assert pipeline.queue("q")["in_flight_count"] == 0
-    assert pipeline.queue("q")["last_green_request_id"] == ids["F"]
-    assert pipeline.query("SELECT count(*) FROM build")[0][0] == 2
-    assert pipeline.exact_outcome_problems() == []
+    assert lane.queue(queue)["in_flight_count"] == 0
+    assert lane.queue(queue)["last_green_request_id"] == ids["F"]
+    assert lane.query("SELECT count(*) FROM build WHERE queue = %s", queue)[0][0] == 2
+    assert lane.exact_outcome_problems() == []
 
 
-def test_history_rewrite_builds_full(pipeline: Pipeline) -> None:
-    ref = pipeline.add_queue("q")
-    pipeline.repo.push(ref, "c1", "c2")
-    pipeline.start_worker()
-    pipeline.ingest("q")
-    pipeline.wait_quiet()
-    pipeline.repo.force_push(ref, "x1")  # c1, c2 are gone from the ref
-    rid = pipeline.ingest("q")
-    pipeline.wait_quiet()
-    request = pipeline.request(rid)["request"]
+@lane_queue("q")
+def test_history_rewrite_builds_full(lane: Lane) -> None:
+    queue, ref = lane.name("q"), lane.ref("q")
+    lane.repo.push(ref, "c1", "c2")
+    lane.ingest(queue)
+    lane.wait_quiet()
+    lane.repo.force_push(ref, "x1")  # c1, c2 are gone from the ref
+    rid = lane.ingest(queue)
+    lane.wait_quiet()
+    request = lane.request(rid)["request"]
     assert request["build_strategy"] == "full"
     assert request["base_uri"] is None
     assert request["state"] == "succeeded"
-    assert pipeline.repo.promoted(f"{ref}-verified-main") == "x1"
+    assert lane.repo.promoted(f"{ref}-verified-main") == "x1"
 
 
-def test_a_reset_back_to_a_superseded_commit_is_validated(pipeline: Pipeline) -> None:
+@lane_queue("q")
+def test_a_reset_back_to_a_superseded_commit_is_validated(lane: Lane) -> None:
     """c2 is superseded by c3 without a build; a force-push resets the branch to c2. The
     branch's head must still get validated (not answered by c2's superseded Request)."""
-    ref = pipeline.add_queue("q")
-    pipeline.start_worker()
-    pipeline.repo.push(ref, "c1-latchC1")  # c1 builds until the test releases it
-    rid1 = pipeline.ingest("q")
-    wait_until(lambda: pipeline.states().get(rid1) == "processing", timeout=60,
+    queue, ref = lane.name("q"), lane.ref("q")
+    lane.repo.push(ref, "c1-latchC1")  # c1 builds until the test releases it
+    rid1 = lane.ingest(queue)
+    wait_until(lambda: lane.states().get(rid1) == "processing", timeout=60,
                what="c1 admitted")
-    pipeline.repo.push(ref, "c2")
-    rid2 = pipeline.ingest("q")
-    pipeline.repo.push(ref, "c3")
-    pipeline.ingest("q")
-    wait_until(lambda: pipeline.states().get(rid2) == "superseded", timeout=60,
+    lane.repo.push(ref, "c2")
+    rid2 = lane.ingest(queue)
+    lane.repo.push(ref, "c3")
+    lane.ingest(queue)
+    wait_until(lambda: lane.states().get(rid2) == "superseded", timeout=60,
                what="c2 superseded")
-    pipeline.repo.force_push(ref, "c2")  # back to c2; c3 is gone from the branch
-    rid4 = pipeline.ingest("q")
+    lane.repo.force_push(ref, "c2")  # back to c2; c3 is gone from the branch
+    rid4 = lane.ingest(queue)
     assert rid4 not in (rid1, rid2)
-    pipeline.release("C1")
-    pipeline.wait_quiet(timeout=120)
-    assert pipeline.states()[rid4] == "succeeded"
-    assert pipeline.queue("q")["last_green_uri"] == _uri(ref, "c2")
-    assert pipeline.repo.promoted(f"{ref}-verified-main") == "c2"
-    assert pipeline.ingest("q") == rid4  # and now the head's Request is stable
+    lane.release("C1")
+    lane.wait_quiet(timeout=120)
+    assert lane.states()[rid4] == "succeeded"
+    assert lane.queue(queue)["last_green_uri"] == _uri(ref, "c2")
+    assert lane.repo.promoted(f"{ref}-verified-main") == "c2"
+    assert lane.ingest(queue) == rid4  # and now the head's Request is stable
 
 
+@lane_queue("q")
 @pytest.mark.parametrize("fault", ["ancestryerror", "triggererror", "statuserror"])
-def test_fail_closed_through_the_dlq(pipeline: Pipeline, fault: str) -> None:
+def test_fail_closed_through_the_dlq(lane: Lane, fault: str) -> None:
     """process (ancestry lookup), build (trigger) and buildsignal (status) faults that can
     never succeed end `failed` through their DLQ reconciler, and the queue goes on."""
-    ref = pipeline.add_queue("q")
-    pipeline.repo.push(ref, "ok1")
-    pipeline.start_worker()
-    pipeline.ingest("q")
-    pipeline.wait_quiet()
-    pipeline.repo.push(ref, f"bad-{fault}")
-    rid = pipeline.ingest("q")
-    pipeline.wait_terminal([rid])
-    assert pipeline.states()[rid] == "failed"
-    assert pipeline.queue("q")["in_flight_count"] == 0
-    pipeline.repo.push(ref, "ok2")
-    rid_next = pipeline.ingest("q")
-    pipeline.wait_quiet()
-    assert pipeline.states()[rid_next] == "succeeded"
-    assert pipeline.queue("q")["last_green_request_id"] == rid_next
-    assert pipeline.invariant_violations(strict_bookmark=True) == []
+    queue, ref = lane.name("q"), lane.ref("q")
+    lane.repo.push(ref, "ok1")
+    lane.ingest(queue)
+    lane.wait_quiet()
+    lane.repo.push(ref, f"bad-{fault}")
+    rid = lane.ingest(queue)
+    lane.wait_terminal([rid])
+    assert lane.states()[rid] == "failed"
+    assert lane.queue(queue)["in_flight_count"] == 0
+    lane.repo.push(ref, "ok2")
+    rid_next = lane.ingest(queue)
+    lane.wait_quiet()
+    assert lane.states()[rid_next] == "succeeded"
+    assert lane.queue(queue)["last_green_request_id"] == rid_next
+    assert lane.invariant_violations(strict_bookmark=True) == []
 
 
-def test_record_dlq_recovers_a_fact_whose_first_write_failed(pipeline: Pipeline) -> None:
-    ref = pipeline.add_queue("q")
-    # the first fact insert for this commit fails for good (non-retryable), once
-    # the first fact insert fails for good (non-retryable); sequences are not rolled
-    # back with the failed statement, so only the first insert fails
-    pipeline.execute("""
-        CREATE SEQUENCE fact_inserts;
-        CREATE FUNCTION fail_first_fact() RETURNS trigger LANGUAGE plpgsql AS $$
+@lane_queue("q")
+def test_record_dlq_recovers_a_fact_whose_first_write_failed(lane: Lane) -> None:
+    queue, ref = lane.name("q"), lane.ref("q")
+    # the first fact insert of this queue fails for good (non-retryable), once: sequences
+    # are not rolled back with the failed statement, so only the first insert fails (the
+    # schema is the module's: the trigger fires for this lane's queue only, and goes)
+    tag = lane.id
+    lane.execute(f"""
+        CREATE SEQUENCE fact_inserts_{tag};
+        CREATE FUNCTION fail_first_fact_{tag}() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-            IF nextval('fact_inserts') = 1 THEN
+            IF nextval('fact_inserts_{tag}') = 1 THEN
                 RAISE EXCEPTION 'injected failure' USING ERRCODE = 'data_exception';
             END IF;
             RETURN NEW;
         END $$;
-        CREATE TRIGGER fail_first_fact BEFORE INSERT ON validation_fact
-            FOR EACH ROW EXECUTE FUNCTION fail_first_fact();""")
-    pipeline.repo.push(ref, "r1")
-    pipeline.start_worker()
-    rid = pipeline.ingest("q")
-    pipeline.wait_quiet()
-    assert pipeline.request(rid)["fact"]["degree"] == 0
-    assert pipeline.queue("q")["last_green_request_id"] == rid
-    assert pipeline.query("SELECT last_value FROM fact_inserts")[0][0] >= 2  # it did fail
+        CREATE TRIGGER fail_first_fact_{tag} BEFORE INSERT ON validation_fact
+            FOR EACH ROW WHEN (NEW.queue = '{queue}')
+            EXECUTE FUNCTION fail_first_fact_{tag}();""")
+    try:
+        lane.repo.push(ref, "r1")
+        rid = lane.ingest(queue)
+        lane.wait_quiet()
+        assert lane.request(rid)["fact"]["degree"] == 0
+        assert lane.queue(queue)["last_green_request_id"] == rid
+        # it did fail
+        assert lane.query(f"SELECT last_value FROM fact_inserts_{tag}")[0][0] >= 2
+    finally:
+        lane.execute(f"""
+            DROP TRIGGER fail_first_fact_{tag} ON validation_fact;
+            DROP FUNCTION fail_first_fact_{tag}();
+            DROP SEQUENCE fact_inserts_{tag};""")
 
 
-def test_hung_build_fails_at_the_poll_deadline_and_frees_the_queue(
-        pipeline: Pipeline) -> None:
-    ref = pipeline.add_queue("q", poll_deadline="3s")
-    pipeline.repo.push(ref, "h1-hang")
-    pipeline.start_worker()
-    rid = pipeline.ingest("q")
-    pipeline.wait_terminal([rid], timeout=60)
-    assert pipeline.states()[rid] == "failed"
-    assert any(pipeline.cancel_dir.iterdir()), "the hung build was not cancelled"
-    pipeline.repo.push(ref, "h2")
-    rid2 = pipeline.ingest("q")
-    pipeline.wait_quiet()
-    assert pipeline.states()[rid2] == "succeeded"
+@lane_queue("q", poll_deadline="3s")
+def test_hung_build_fails_at_the_poll_deadline_and_frees_the_queue(lane: Lane) -> None:
+    queue, ref = lane.name("q"), lane.ref("q")
+    lane.repo.push(ref, "h1-hang")
+    rid = lane.ingest(queue)
+    lane.wait_terminal([rid], timeout=60)
+    assert lane.states()[rid] == "failed"
+    assert any(lane.cancel_dir.iterdir()), "the hung build was not cancelled"
+    lane.repo.push(ref, "h2")
+    rid2 = lane.ingest(queue)
+    lane.wait_quiet()
+    assert lane.states()[rid2] == "succeeded"
 
 
-def test_the_same_head_ingested_100_times_concurrently_is_one_request(
-        pipeline: Pipeline) -> None:
+@lane_queue("q")
+def test_the_same_head_ingested_100_times_concurrently_is_one_request(lane: Lane) -> None:
     from aiokafka import AIOKafkaProducer
 
     from store import Database
@@ -209,35 +222,36 @@ def test_the_same_head_ingested_100_times_concurrently_is_one_request(
     from streams.stages.deps import Deps
     from streams.stages.ingest import ingest_queue
 
-    ref = pipeline.add_queue("q")
-    pipeline.repo.push(ref, "same")
+    queue, ref = lane.name("q"), lane.ref("q")
+    lane.repo.push(ref, "same")
 
     async def hundred() -> set[str]:
-        queues = load_queues(pipeline.queues_file)
-        db = await Database.open(pipeline.dsn, max_size=20)
-        producer = AIOKafkaProducer(bootstrap_servers=pipeline.bootstrap)
+        queues = load_queues(lane.queues_file)
+        db = await Database.open(lane.dsn, max_size=20)
+        producer = AIOKafkaProducer(bootstrap_servers=lane.bootstrap)
         await producer.start()
         try:
             async def publish(key: str, payload: object) -> None:
-                spec = pipeline.topics.stage(key)
+                spec = lane.topics.stage(key)
                 await publish_payload(producer, spec.full_name, payload,  # type: ignore[arg-type]
                                       spec.key_field)
 
             deps = Deps(db=db, queues=queues, extensions=Extensions(queues, db))
-            ids = await asyncio.gather(*(ingest_queue(deps, "q", publish)
+            ids = await asyncio.gather(*(ingest_queue(deps, queue, publish)
                                          for _ in range(100)))
             return set(ids)
         finally:
             await producer.stop()
             await db.close()
 
-    assert asyncio.run(hundred()) == {"request/q/1"}
-    assert pipeline.ingest("q") == "request/q/1"  # and once more through the CLI
-    assert pipeline.query("SELECT count(*) FROM request")[0][0] == 1
-    pipeline.start_worker()
-    pipeline.wait_quiet()
-    assert pipeline.states() == {"request/q/1": "succeeded"}
-    assert pipeline.query("SELECT count(*) FROM build")[0][0] == 1  # duplicates absorbed
+    first = f"request/{queue}/1"
+    assert asyncio.run(hundred()) == {first}
+    assert lane.ingest(queue) == first  # and once more through the CLI
+    assert lane.query("SELECT count(*) FROM request WHERE queue = %s", queue)[0][0] == 1
+    lane.wait_quiet()
+    assert lane.states() == {first: "succeeded"}
+    # duplicates absorbed
+    assert lane.query("SELECT count(*) FROM build WHERE queue = %s", queue)[0][0] == 1
 
 
 def _groups_and_topics(pipeline: Pipeline) -> dict[str, list[str]]:
