@@ -1,7 +1,11 @@
 """A branch never silently stops being validated (design §6, liveness), on the real broker
 and database with real worker processes: a message that was never sent, a poll loop that
 was lost, a build no Request waits for, a forged message, a reconciler that fails a
-building Request, and two ingesters racing a moving branch."""
+building Request, and two ingesters racing a moving branch.
+
+The cases that set a state up before any worker runs (a message never sent, a build
+message lost, the racing ingesters) start a worker of their own once it is set up; the
+others take a lane of the module's shared worker (`tests.shared_worker`)."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from streams.runtime.kafka import KafkaPublisher, producer_conf
 from streams.stages.deps import Deps
 from streams.stages.ingest import ingest_queue
 from tests.pipeline_support import Pipeline
+from tests.shared_worker import Lane, lane_queue
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
@@ -94,22 +99,23 @@ async def _ingest_failing(deps: Deps, queue: str) -> str:
     return (await deps.db.queues.get(queue)).latest_request_id or ""
 
 
-def test_a_lost_poll_loop_is_revived(pipeline: Pipeline) -> None:
-    ref = pipeline.add_queue("q")
-    pipeline.repo.push(ref, "a1-latchA1")
-    pipeline.start_worker()
-    rid = pipeline.ingest("q")
-    wait_until(lambda: pipeline.query("SELECT count(*) FROM build WHERE status = 'running'")
-               [0][0] == 1, timeout=60, what="the build to run")
+@lane_queue("q")
+def test_a_lost_poll_loop_is_revived(lane: Lane) -> None:
+    queue, ref = lane.name("q"), lane.ref("q")
+    lane.repo.push(ref, "a1-latchA1")
+    rid = lane.ingest(queue)
+    wait_until(lambda: lane.query("SELECT count(*) FROM build WHERE status = 'running'"
+                                  " AND queue = %s", queue)[0][0] == 1,
+               timeout=60, what="the build to run")
     # take the loop away from the live chain: its next turn is a duplicate and ends
-    pipeline.execute("UPDATE build SET loop_token = 'gone'")
-    wait_until(lambda: "poll_loop_duplicate_ended" in pipeline.logs() or "sweeper_republished"
-               " what=buildsignal" in pipeline.logs(), timeout=30, what="the loop to end")
-    pipeline.release("A1")
-    pipeline.wait_quiet(timeout=60)
-    assert pipeline.states() == {rid: "succeeded"}
-    assert "sweeper_republished what=buildsignal" in pipeline.logs()
-    assert pipeline.exact_outcome_problems() == []
+    lane.execute("UPDATE build SET loop_token = 'gone' WHERE queue = %s", queue)
+    wait_until(lambda: "poll_loop_duplicate_ended" in lane.logs() or "sweeper_republished"
+               " what=buildsignal" in lane.logs(), timeout=30, what="the loop to end")
+    lane.release("A1")
+    lane.wait_quiet(timeout=60)
+    assert lane.states() == {rid: "succeeded"}
+    assert "sweeper_republished what=buildsignal" in lane.logs()
+    assert lane.exact_outcome_problems() == []
 
 
 def test_an_admitted_request_whose_build_message_was_lost_is_built(pipeline: Pipeline) -> None:
@@ -134,70 +140,68 @@ def test_an_admitted_request_whose_build_message_was_lost_is_built(pipeline: Pip
     assert "sweeper_republished what=build" in pipeline.logs()
 
 
-def test_a_build_nobody_waits_for_is_cancelled_at_its_runner(pipeline: Pipeline) -> None:
-    ref = pipeline.add_queue("q")
-    pipeline.repo.push(ref, "a1")
-    pipeline.start_worker()
-    rid = pipeline.ingest("q")
-    pipeline.wait_quiet()
+@lane_queue("q")
+def test_a_build_nobody_waits_for_is_cancelled_at_its_runner(lane: Lane) -> None:
+    queue, ref = lane.name("q"), lane.ref("q")
+    lane.repo.push(ref, "a1")
+    rid = lane.ingest(queue)
+    lane.wait_quiet()
     # a second build of the settled Request, still running (as a redelivered trigger
     # could start one): its poll loop sees the Request settled and stops it
-    runner = FakeBuildRunner(pipeline.cancel_dir)
-    head = pipeline.query("SELECT uri FROM request")[0][0]
-    extra = asyncio.run(runner.trigger(None, head.replace("a1", "a1-latchNever"), {}))
-    pipeline.execute(f"INSERT INTO build (queue, id, request_id) VALUES ('q', '{extra}', "
-                     f"'{rid}')")
-    _produce(pipeline, "buildsignal", extra, BuildSignal(id=extra, queue_name="q"))
-    wait_until(lambda: extra in pipeline.cancelled_builds(), timeout=60,
+    runner = FakeBuildRunner(lane.cancel_dir)
+    head = lane.query("SELECT uri FROM request WHERE queue = %s", queue)[0][0]
+    extra = asyncio.run(runner.trigger(None, head.replace("/a1", "/a1-latchNever"), {}))
+    lane.execute("INSERT INTO build (queue, id, request_id) VALUES (%s, %s, %s)",
+                 queue, extra, rid)
+    _produce(lane, "buildsignal", extra, BuildSignal(id=extra, queue_name=queue))
+    wait_until(lambda: extra in lane.cancelled_builds(), timeout=60,
                what="the orphan build cancelled")
-    wait_until(lambda: pipeline.query("SELECT status FROM build WHERE id = %s", extra)
+    wait_until(lambda: lane.query("SELECT status FROM build WHERE id = %s", extra)
                == [("cancelled",)], timeout=30, what="its row cancelled")
-    assert pipeline.states() == {rid: "succeeded"}
+    assert lane.states() == {rid: "succeeded"}
 
 
-def test_a_forged_message_fails_nothing(pipeline: Pipeline) -> None:
+@lane_queue("q")
+@lane_queue("other")
+def test_a_forged_message_fails_nothing(lane: Lane) -> None:
     """A real Request's id with another queue's name is malformed: dead-lettered, then
     parked by process_dlq, which acts only on what the queue *and* id both name."""
-    ref = pipeline.add_queue("q")
-    pipeline.add_queue("other")
-    pipeline.repo.push(ref, "a1-latchF")
-    pipeline.start_worker()
-    rid = pipeline.ingest("q")
-    wait_until(lambda: pipeline.states().get(rid) == "processing", timeout=60,
+    queue, other, ref = lane.name("q"), lane.name("other"), lane.ref("q")
+    lane.repo.push(ref, "a1-latchF")
+    rid = lane.ingest(queue)
+    wait_until(lambda: lane.states().get(rid) == "processing", timeout=60,
                what="the Request to build")
-    _produce(pipeline, "process", "other",
-             ProcessRequest(id=rid, queue_name="other"))
-    wait_until(lambda: pipeline.query("SELECT count(*) FROM parked_message")[0][0] == 1,
-               timeout=60, what="the forged message parked")
-    [(error,)] = pipeline.query("SELECT error FROM parked_message")
+    _produce(lane, "process", other, ProcessRequest(id=rid, queue_name=other))
+    wait_until(lambda: len(lane.parked()) == 1, timeout=60,
+               what="the forged message parked")
+    [(_, error)] = lane.parked()
     assert "queue mismatch" in error
-    assert pipeline.states() == {rid: "processing"}  # untouched, its build goes on
-    assert not pipeline.cancelled_builds()
-    pipeline.release("F")
-    pipeline.wait_quiet()
-    assert pipeline.states() == {rid: "succeeded"}
+    assert lane.states() == {rid: "processing"}  # untouched, its build goes on
+    assert not lane.cancelled_builds()
+    lane.release("F")
+    lane.wait_quiet()
+    assert lane.states() == {rid: "succeeded"}
 
 
-def test_a_reconciler_that_fails_a_building_request_cancels_its_build(
-        pipeline: Pipeline) -> None:
-    ref = pipeline.add_queue("q")
-    pipeline.repo.push(ref, "a1-latchR")
-    pipeline.start_worker()
-    rid = pipeline.ingest("q")
-    wait_until(lambda: pipeline.query("SELECT count(*) FROM build")[0][0] == 1, timeout=60,
-               what="the build to start")
-    [(build_id,)] = pipeline.query("SELECT id FROM build")
-    _produce(pipeline, "process_dlq", "q", ProcessRequest(id=rid, queue_name="q"))
-    wait_until(lambda: pipeline.states() == {rid: "failed"}, timeout=60,
+@lane_queue("q")
+def test_a_reconciler_that_fails_a_building_request_cancels_its_build(lane: Lane) -> None:
+    queue, ref = lane.name("q"), lane.ref("q")
+    lane.repo.push(ref, "a1-latchR")
+    rid = lane.ingest(queue)
+    wait_until(lambda: lane.query("SELECT count(*) FROM build WHERE queue = %s",
+                                  queue)[0][0] == 1, timeout=60, what="the build to start")
+    [(build_id,)] = lane.query("SELECT id FROM build WHERE queue = %s", queue)
+    _produce(lane, "process_dlq", queue, ProcessRequest(id=rid, queue_name=queue))
+    wait_until(lambda: lane.states() == {rid: "failed"}, timeout=60,
                what="the Request failed by process_dlq")
-    wait_until(lambda: build_id in pipeline.cancelled_builds(), timeout=60,
+    wait_until(lambda: build_id in lane.cancelled_builds(), timeout=60,
                what="its build cancelled at the runner")
-    assert pipeline.queue("q")["in_flight_count"] == 0  # the slot is free
-    pipeline.repo.push(ref, "a2")
-    after = pipeline.ingest("q")
-    pipeline.wait_quiet()
-    assert pipeline.states()[after] == "succeeded"
-    assert pipeline.invariant_violations(strict_bookmark=True) == []
+    assert lane.queue(queue)["in_flight_count"] == 0  # the slot is free
+    lane.repo.push(ref, "a2")
+    after = lane.ingest(queue)
+    lane.wait_quiet()
+    assert lane.states()[after] == "succeeded"
+    assert lane.invariant_violations(strict_bookmark=True) == []
 
 
 def test_two_ingesters_racing_a_moving_branch_leave_its_final_head_validated(

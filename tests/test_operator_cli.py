@@ -31,6 +31,7 @@ from streams.runtime import headers as h
 from streams.runtime.kafka import producer_conf
 from tests.pipeline_support import Pipeline
 from tests.runtime_support import create_topics, read_all, write_test_topics
+from tests.shared_worker import Lane, lane_queue
 from tests.waiting import wait_until
 
 BOOM = "streams.stages.process.Boom"
@@ -511,113 +512,113 @@ def _lines(pipeline: Pipeline, *args: str) -> list[str]:
 @pytest.mark.kafka
 @pytest.mark.postgres
 @pytest.mark.slow
+@lane_queue(SHORT, poll_deadline="2s", retry={"unvalidated": 0})
 def test_a_failure_says_whether_it_is_a_red_verdict_and_a_commit_can_be_validated_again(
-        pipeline: Pipeline) -> None:
-    ref = pipeline.add_queue(SHORT, poll_deadline="2s", retry={"unvalidated": 0})
-    pipeline.start_worker()
+        lane: Lane) -> None:
+    short, ref = lane.name(SHORT), lane.ref(SHORT)
 
     def uri(sha: str) -> str:
         return f"fake://r/{ref}/{sha}"
 
-    pipeline.repo.push(ref, "a1")
-    assert pipeline.ingest(SHORT) == f"request/{SHORT}/1"
-    pipeline.wait_quiet()
+    lane.repo.push(ref, "a1")
+    assert lane.ingest(short) == f"request/{short}/1"
+    lane.wait_quiet()
 
     # never started within the poll deadline: it could not be validated, no fact
-    pipeline.repo.push(ref, "b2-queued100")
-    unvalidated = pipeline.ingest(SHORT)
-    pipeline.wait_terminal([unvalidated])
+    lane.repo.push(ref, "b2-queued100")
+    unvalidated = lane.ingest(short)
+    lane.wait_terminal([unvalidated])
     why = "it did not start within the poll deadline (2s)"
     reason = f"could not be validated (1 attempt): {why}"
-    shown = pipeline.request(unvalidated)
+    shown = lane.request(unvalidated)
     assert (shown["request"]["state"], shown["request"]["verdict"],
             shown["request"]["reason"], shown["request"]["attempt"]) == (
         "failed", None, reason, 1)
     assert (shown["fact"], shown["commit_fact"], shown["green"]) == (None, None, False)
     [build] = shown["builds"]
     assert (build["attempt"], build["status"], build["verdict"]) == (1, "failed", None)
-    text = _lines(pipeline, "request", unvalidated)
+    text = _lines(lane, "request", unvalidated)
     assert text[0] == f"{unvalidated}  failed — {reason}"
     assert f"  attempt 1  {build['id']}  failed  could not validate: {why}" in text
     assert "  fact      none" in text and "  attempts  1" in text
-    assert _lines(pipeline, "queue", SHORT)[-1] == (
+    assert _lines(lane, "queue", short)[-1] == (
         f"  latest      {unvalidated}  failed — {reason}")
-    queue = json.loads(pipeline.cli("queue", SHORT, "--json").stdout)
+    queue = json.loads(lane.cli("queue", short, "--json").stdout)
     assert (queue["latest_request"]["id"], queue["latest_request"]["reason"]) == (
         unvalidated, reason)
-    answer = pipeline.cli("fact", SHORT, "b2", check=False)
+    answer = lane.cli("fact", short, "b2", check=False)
     assert answer.returncode == 3
     assert f"  newest request {unvalidated}: {reason}" in answer.stdout.splitlines()
 
     # ran past the poll deadline: a red verdict
-    pipeline.repo.push(ref, "c3-latchC3")
-    red = pipeline.ingest(SHORT)
-    _wait_fact(pipeline, red)
-    text = _lines(pipeline, "request", red)
+    lane.repo.push(ref, "c3-latchC3")
+    red = lane.ingest(short)
+    _wait_fact(lane, red)
+    text = _lines(lane, "request", red)
     assert text[0] == f"{red}  failed (red verdict)"
     assert "  verdict   red" in text and "  kind      head" in text
     assert "  reason    it ran past the poll deadline (2s)" in text
     assert f"  fact      degree 1 (red) by {red}" in text
 
     # validated again once the build can finish: green, the red fact still readable
-    pipeline.release("C3")
-    assert pipeline.cli("retry", SHORT, "c3").stdout == f"request/{SHORT}/3.2\n"
-    _wait_fact(pipeline, f"request/{SHORT}/3.2")
-    first = pipeline.request(red)
+    lane.release("C3")
+    assert lane.cli("retry", short, "c3").stdout == f"request/{short}/3.2\n"
+    _wait_fact(lane, f"request/{short}/3.2")
+    first = lane.request(red)
     assert (first["fact"]["request_id"], first["fact"]["degree"]) == (red, 1)
     assert (first["commit_fact"]["request_id"], first["commit_fact"]["degree"]) == (
-        f"request/{SHORT}/3.2", 0)
+        f"request/{short}/3.2", 0)
     assert first["green"] is True
-    text = _lines(pipeline, "request", red)
-    assert f"  answer    degree 0 (green) by request/{SHORT}/3.2 (the commit's answer now)" \
+    text = _lines(lane, "request", red)
+    assert f"  answer    degree 0 (green) by request/{short}/3.2 (the commit's answer now)" \
         in text
-    assert f"  newest    request/{SHORT}/3.2  succeeded" in text
-    again = pipeline.request(f"request/{SHORT}/3.2")
+    assert f"  newest    request/{short}/3.2  succeeded" in text
+    again = lane.request(f"request/{short}/3.2")
     assert (again["request"]["kind"], again["request"]["verdict"],
-            again["fact"]["request_id"]) == ("retry", "green", f"request/{SHORT}/3.2")
-    assert pipeline.cli("fact", SHORT, "c3").returncode == 0
+            again["fact"]["request_id"]) == ("retry", "green", f"request/{short}/3.2")
+    assert lane.cli("fact", short, "c3").returncode == 0
 
-    refused = pipeline.cli("retry", SHORT, "c3", check=False)
+    refused = lane.cli("retry", short, "c3", check=False)
     assert refused.returncode == 4, refused.stderr
-    assert refused.stdout == "" and f"fact of request/{SHORT}/3.2" in refused.stderr
+    assert refused.stdout == "" and f"fact of request/{short}/3.2" in refused.stderr
     assert "never validated again" in refused.stderr and "Traceback" not in refused.stderr
-    refused = pipeline.cli("retry", SHORT, uri("c3-latchC3"), "--json", check=False)
+    refused = lane.cli("retry", short, uri("c3-latchC3"), "--json", check=False)
     assert refused.returncode == 4
-    assert json.loads(refused.stdout)["fact"]["request_id"] == f"request/{SHORT}/3.2"
+    assert json.loads(refused.stdout)["fact"]["request_id"] == f"request/{short}/3.2"
 
     # the commit that could not be validated, validated again
-    retried = json.loads(pipeline.cli("retry", SHORT, "b2", "--json").stdout)
-    assert retried == {"queue": SHORT, "uri": uri("b2-queued100"),
-                       "request_id": f"request/{SHORT}/2.2", "new": True,
+    retried = json.loads(lane.cli("retry", short, "b2", "--json").stdout)
+    assert retried == {"queue": short, "uri": uri("b2-queued100"),
+                       "request_id": f"request/{short}/2.2", "new": True,
                        "previous_id": unvalidated}
-    pipeline.wait_terminal([f"request/{SHORT}/2.2"])
+    lane.wait_terminal([f"request/{short}/2.2"])
 
-    pipeline.repo.push(ref, "d4")  # never ingested
+    lane.repo.push(ref, "d4")  # never ingested
     for args, message in ((("zz",), "has no commit 'zz'"), (("a b",), "not a fake sha"),
                           (("d4",), "never ingested")):
-        result = pipeline.cli("retry", SHORT, *args, check=False)
+        result = lane.cli("retry", short, *args, check=False)
         assert result.returncode == 1, result
         assert message in result.stderr and "Traceback" not in result.stderr
-    result = pipeline.cli("retry", "no/such", check=False)
+    result = lane.cli("retry", "no/such", check=False)
     assert result.returncode == 1 and "unknown queue" in result.stderr
 
 
 @pytest.mark.kafka
 @pytest.mark.postgres
 @pytest.mark.slow
-def test_retry_of_a_commit_being_validated_names_that_request(pipeline: Pipeline) -> None:
-    ref = pipeline.add_queue(SLOW)
-    pipeline.repo.push(ref, "s1-latchS1")
-    pipeline.start_worker()
-    nothing = pipeline.cli("retry", SLOW, check=False)
+@lane_queue(SLOW)
+def test_retry_of_a_commit_being_validated_names_that_request(lane: Lane) -> None:
+    slow, ref = lane.name(SLOW), lane.ref(SLOW)
+    lane.repo.push(ref, "s1-latchS1")
+    nothing = lane.cli("retry", slow, check=False)
     assert nothing.returncode == 1 and "has no head yet" in nothing.stderr
-    building = pipeline.ingest(SLOW)
-    wait_until(lambda: pipeline.states().get(building) == "processing", timeout=60,
+    building = lane.ingest(slow)
+    wait_until(lambda: lane.states().get(building) == "processing", timeout=60,
                what=f"{building} to be building")
-    same = pipeline.cli("retry", SLOW)
+    same = lane.cli("retry", slow)
     assert same.stdout == f"{building}\n"
     assert f"{building} is validating fake://r/{ref}/s1-latchS1 now" in same.stderr
-    pipeline.release("S1")
-    pipeline.wait_quiet()
-    assert pipeline.cli("retry", SLOW, check=False).returncode == 4  # the head is green
-    assert pipeline.states() == {building: "succeeded"}
+    lane.release("S1")
+    lane.wait_quiet()
+    assert lane.cli("retry", slow, check=False).returncode == 4  # the head is green
+    assert lane.states() == {building: "succeeded"}

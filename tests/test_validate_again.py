@@ -6,6 +6,10 @@ the promotion ref never moving back, and a settled Request whose `record` was lo
 A build's verdict is chosen by a file outside the repository, per commit sha, so one
 commit can be red and later green: ``red`` fails, ``once-red`` fails once then passes,
 anything else (or nothing) passes; ``hang`` sleeps until the test kills it.
+
+Each case takes a lane of the module's shared worker (`tests.shared_worker`), with its
+own repository in the lane's directory; the lost `record` is set up before any worker
+runs, so that case starts a worker of its own.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from streams.config.queues import RetrySpec
 from streams.stages import attempts
 from streams.stages.attempts import Observed
 from tests.pipeline_support import Pipeline
+from tests.shared_worker import Lane, lane_raw_queue
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
@@ -40,14 +45,16 @@ def _git(work: Path, *args: str) -> str:
 
 
 class Repo:
-    """A git repository whose commits' verdicts the test chooses."""
+    """A git repository whose commits' verdicts the test chooses, in ``root`` (made there
+    the first time)."""
 
     def __init__(self, root: Path) -> None:
         self.work = root / "mono"
-        self.work.mkdir()
         self.verdicts = root / "verdicts"
-        self.verdicts.mkdir()
-        _git(self.work, "init", "-q")
+        if not self.work.exists():
+            self.work.mkdir()
+            self.verdicts.mkdir()
+            _git(self.work, "init", "-q")
 
     def commit(self, name: str, verdict: str = "green") -> str:
         (self.work / "app.txt").write_text(f"{name}\n")
@@ -69,13 +76,19 @@ class Repo:
                 f'[ "$v" != red ]')
 
 
-def _queue(pipeline: Pipeline, repo: Repo, **knobs: Any) -> None:
-    pipeline.add_raw_queue(QUEUE, {
+def _queue(repo: Repo, **knobs: Any) -> dict[str, Any]:
+    """The queue's entry in queues.yaml."""
+    return {
         "source_control": {"kind": "git", "repository": str(repo.work), "ref": "main",
                            "promotion_ref": "verified-main"},
         "build_runner": {"kind": "command", "command": repo.command},
         "gate_delay": "200ms", "poll_delay_queued": "200ms", "poll_delay_running": "200ms",
-        "poll_deadline": "5m", **knobs})
+        "poll_deadline": "5m", **knobs}
+
+
+def lane_repo_queue(**knobs: Any) -> pytest.MarkDecorator:
+    """The test's lane has QUEUE on a Repo in the lane's directory."""
+    return lane_raw_queue(QUEUE, lambda root: _queue(Repo(root), **knobs))
 
 
 def _promoted(repo: Repo) -> str | None:
@@ -91,136 +104,133 @@ def _settle(pipeline: Pipeline, request_id: str) -> str:
     return pipeline.states()[request_id]
 
 
-def _facts(pipeline: Pipeline) -> dict[str, tuple[float, int, bool]]:
+def _facts(pipeline: Pipeline, queue: str) -> dict[str, tuple[float, int, bool]]:
     return {r: (d, a, f) for r, d, a, f in pipeline.query(
-        "SELECT request_id, degree, attempts, flaky FROM validation_fact")}
+        "SELECT request_id, degree, attempts, flaky FROM validation_fact WHERE queue = %s",
+        queue)}
 
 
-def _fact_exit(pipeline: Pipeline, sha: str) -> tuple[int, dict[str, Any]]:
-    done = pipeline.cli("fact", QUEUE, sha, "--json", check=False)
+def _fact_exit(pipeline: Pipeline, queue: str, sha: str) -> tuple[int, dict[str, Any]]:
+    done = pipeline.cli("fact", queue, sha, "--json", check=False)
     return done.returncode, json.loads(done.stdout)
 
 
-def test_a_flaky_build_is_run_again_and_its_green_is_marked_flaky(
-        pipeline: Pipeline, tmp_path: Path) -> None:
+@lane_repo_queue(retry={"red": 1})
+def test_a_flaky_build_is_run_again_and_its_green_is_marked_flaky(lane: Lane) -> None:
     """retry.red: 1 — a build that fails once then passes: the Request succeeds on its
     second attempt with a green fact marked flaky (attempts 2); a build red twice is the
     red verdict, after two attempts."""
-    repo = Repo(tmp_path)
-    _queue(pipeline, repo, retry={"red": 1})
-    pipeline.start_worker()
+    repo, queue = Repo(lane.root), lane.name(QUEUE)
     repo.commit("c1", "once-red")
-    first = pipeline.ingest(QUEUE)
-    assert _settle(pipeline, first) == "succeeded"
-    assert _facts(pipeline) == {first: (0.0, 2, True)}
-    builds = pipeline.query("SELECT attempt, status, verdict FROM build ORDER BY attempt")
+    first = lane.ingest(queue)
+    assert _settle(lane, first) == "succeeded"
+    assert _facts(lane, queue) == {first: (0.0, 2, True)}
+    builds = lane.query("SELECT attempt, status, verdict FROM build WHERE queue = %s"
+                        " ORDER BY attempt", queue)
     assert builds == [(1, "failed", "red"), (2, "succeeded", "green")]
 
     repo.commit("c2", "red")
-    second = pipeline.ingest(QUEUE)
-    assert _settle(pipeline, second) == "failed"
-    assert _facts(pipeline)[second] == (1.0, 2, False)
-    assert pipeline.query("SELECT verdict, red_reruns FROM request WHERE id = %s",
-                          second) == [("red", 1)]
-    assert pipeline.dead_letters() == 0
+    second = lane.ingest(queue)
+    assert _settle(lane, second) == "failed"
+    assert _facts(lane, queue)[second] == (1.0, 2, False)
+    assert lane.query("SELECT verdict, red_reruns FROM request WHERE id = %s",
+                      second) == [("red", 1)]
+    assert lane.dead_letters() == 0
 
 
+@lane_repo_queue()
 def test_a_failed_head_is_validated_again_on_request_and_its_new_verdict_answers(
-        pipeline: Pipeline, tmp_path: Path) -> None:
-    repo = Repo(tmp_path)
-    _queue(pipeline, repo)
-    pipeline.start_worker()
+        lane: Lane) -> None:
+    repo, queue = Repo(lane.root), lane.name(QUEUE)
     c1 = repo.commit("c1", "red")
-    first = pipeline.ingest(QUEUE)
-    assert _settle(pipeline, first) == "failed"
-    assert _facts(pipeline) == {first: (1.0, 1, False)}
+    first = lane.ingest(queue)
+    assert _settle(lane, first) == "failed"
+    assert _facts(lane, queue) == {first: (1.0, 1, False)}
     # an ingest of the same head after a red verdict validates nothing again
-    assert pipeline.ingest(QUEUE) == first
+    assert lane.ingest(queue) == first
 
     repo.judge(c1, "green")  # the flake is fixed, or the infrastructure: ask again
-    again = pipeline.cli("retry", QUEUE).stdout.strip()
+    again = lane.cli("retry", queue).stdout.strip()
     assert again == f"{first}.2"
-    assert _settle(pipeline, again) == "succeeded"
+    assert _settle(lane, again) == "succeeded"
     # each Request keeps its own fact; the commit's answer is its newest Request's verdict
-    assert _facts(pipeline) == {first: (1.0, 1, False), again: (0.0, 1, False)}
-    assert pipeline.request(first)["fact"]["degree"] == 1.0
-    code, answer = _fact_exit(pipeline, c1)
+    assert _facts(lane, queue) == {first: (1.0, 1, False), again: (0.0, 1, False)}
+    assert lane.request(first)["fact"]["degree"] == 1.0
+    code, answer = _fact_exit(lane, queue, c1)
     assert code == 0 and answer["green"] and answer["fact"]["request_id"] == again
-    assert pipeline.queue(QUEUE)["last_green_request_id"] == again
+    assert lane.queue(queue)["last_green_request_id"] == again
     assert _promoted(repo) == c1
 
     # a green commit is never validated again
-    refused = pipeline.cli("retry", QUEUE, c1, check=False)
+    refused = lane.cli("retry", queue, c1, check=False)
     assert refused.returncode == 4, refused.stderr
     assert "green" in refused.stderr
-    assert pipeline.query("SELECT count(*) FROM request") == [(2,)]
+    assert lane.query("SELECT count(*) FROM request WHERE queue = %s", queue) == [(2,)]
 
 
+@lane_repo_queue()
 def test_validating_an_older_commit_again_moves_neither_the_bookmark_nor_the_ref_back(
-        pipeline: Pipeline, tmp_path: Path) -> None:
-    repo = Repo(tmp_path)
-    _queue(pipeline, repo)
-    pipeline.start_worker()
+        lane: Lane) -> None:
+    repo, queue = Repo(lane.root), lane.name(QUEUE)
     c1 = repo.commit("c1", "red")
-    first = pipeline.ingest(QUEUE)
-    assert _settle(pipeline, first) == "failed"
+    first = lane.ingest(queue)
+    assert _settle(lane, first) == "failed"
     c2 = repo.commit("c2")
-    second = pipeline.ingest(QUEUE)
-    assert _settle(pipeline, second) == "succeeded"
+    second = lane.ingest(queue)
+    assert _settle(lane, second) == "succeeded"
     assert _promoted(repo) == c2
 
     repo.judge(c1, "green")
-    again = pipeline.cli("retry", QUEUE, c1[:10]).stdout.strip()
+    again = lane.cli("retry", queue, c1[:10]).stdout.strip()
     assert again == f"{first}.2"
-    assert _settle(pipeline, again) == "succeeded"
+    assert _settle(lane, again) == "succeeded"
     # c1 is green now, and sorts where it was first ingested: before c2
-    queue = pipeline.queue(QUEUE)
-    assert (queue["last_green_request_id"], queue["latest_request_id"]) == (second, second)
+    shown = lane.queue(queue)
+    assert (shown["last_green_request_id"], shown["latest_request_id"]) == (second, second)
     assert _promoted(repo) == c2
-    code, answer = _fact_exit(pipeline, c1)
+    code, answer = _fact_exit(lane, queue, c1)
     assert code == 0 and answer["fact"]["request_id"] == again
     # it superseded nothing, and nothing superseded it
-    assert pipeline.states() == {first: "failed", second: "succeeded", again: "succeeded"}
-    assert pipeline.invariant_violations(strict_bookmark=False) == []
+    assert lane.states() == {first: "failed", second: "succeeded", again: "succeeded"}
+    assert lane.invariant_violations(strict_bookmark=False) == []
 
 
+@lane_repo_queue(retry={"unvalidated": 0})
 def test_a_head_that_could_not_be_validated_is_validated_again_when_ingested(
-        pipeline: Pipeline, tmp_path: Path) -> None:
+        lane: Lane) -> None:
     """retry.unvalidated: 0 — a build whose process vanishes (killed behind our back) gives
     no verdict: the Request fails without one (no fact, no red alert, its reason shown,
     an `error` commit status), and the next ingest of the same head validates it again."""
-    repo = Repo(tmp_path)
-    _queue(pipeline, repo, retry={"unvalidated": 0})
-    pipeline.start_worker()
+    repo, queue = Repo(lane.root), lane.name(QUEUE)
     c1 = repo.commit("c1", "hang")
-    first = pipeline.ingest(QUEUE)
+    first = lane.ingest(queue)
 
     def running() -> list[tuple[Any, ...]]:
-        return pipeline.query("SELECT pgid FROM command_build WHERE status = 'running'"
-                              " AND pgid IS NOT NULL")
+        return lane.query("SELECT pgid FROM command_build WHERE status = 'running'"
+                          " AND pgid IS NOT NULL AND queue = %s", queue)
 
     wait_until(lambda: bool(running()), timeout=120, what="the build to run")
     [(pgid,)] = running()
     os.killpg(pgid, signal.SIGKILL)
-    pipeline.wait_terminal([first], timeout=120)
-    assert pipeline.states() == {first: "failed"}
-    request = pipeline.request(first)["request"]
+    lane.wait_terminal([first], timeout=120)
+    assert lane.states() == {first: "failed"}
+    request = lane.request(first)["request"]
     assert request["verdict"] is None
     assert request["reason"].startswith("could not be validated (1 attempt): its process "
                                         "vanished")
-    wait_until(lambda: pipeline.query("SELECT recorded FROM request") == [(False,)],
-               timeout=5, what="no record of a Request without a verdict")
-    assert _facts(pipeline) == {}
-    code, answer = _fact_exit(pipeline, c1)
+    wait_until(lambda: lane.query("SELECT recorded FROM request WHERE queue = %s", queue)
+               == [(False,)], timeout=5, what="no record of a Request without a verdict")
+    assert _facts(lane, queue) == {}
+    code, answer = _fact_exit(lane, queue, c1)
     assert code == 3 and answer["fact"] is None
 
     repo.judge(c1, "green")
-    again = pipeline.ingest(QUEUE)  # the same head: validated again by itself
+    again = lane.ingest(queue)  # the same head: validated again by itself
     assert again == f"{first}.2"
-    assert _settle(pipeline, again) == "succeeded"
-    assert pipeline.queue(QUEUE)["latest_request_id"] == again
+    assert _settle(lane, again) == "succeeded"
+    assert lane.queue(queue)["latest_request_id"] == again
     assert _promoted(repo) == c1
-    assert pipeline.ingest(QUEUE) == again  # green: never again
+    assert lane.ingest(queue) == again  # green: never again
 
 
 def test_a_settled_request_whose_record_was_lost_gets_its_fact_from_the_sweeper(
@@ -230,7 +240,7 @@ def test_a_settled_request_whose_record_was_lost_gets_its_fact_from_the_sweeper(
     record writes it, moves the bookmark and the promotion ref."""
 
     repo = Repo(tmp_path)
-    _queue(pipeline, repo)
+    pipeline.add_raw_queue(QUEUE, _queue(repo))
     c1 = repo.commit("c1")
     uri = f"git+{repo.work}#main@{c1}"
 
@@ -258,10 +268,11 @@ def test_a_settled_request_whose_record_was_lost_gets_its_fact_from_the_sweeper(
             await db.close()
 
     request_id = asyncio.run(settle_without_record())
-    assert _facts(pipeline) == {}
+    assert _facts(pipeline, QUEUE) == {}
     pipeline.start_worker()  # nothing was published: only the sweeper knows
-    wait_until(lambda: bool(_facts(pipeline)), timeout=60, what="the fact from the sweeper")
-    assert _facts(pipeline) == {request_id: (0.0, 1, False)}
+    wait_until(lambda: bool(_facts(pipeline, QUEUE)), timeout=60,
+               what="the fact from the sweeper")
+    assert _facts(pipeline, QUEUE) == {request_id: (0.0, 1, False)}
     wait_until(lambda: _promoted(repo) == c1, timeout=60, what="the promotion ref")
     assert pipeline.queue(QUEUE)["last_green_request_id"] == request_id
     assert "sweeper_republished what=record" in pipeline.full_logs()
