@@ -60,6 +60,12 @@ async def _poll(payload: BuildSignal, ctx: StageContext) -> Outcome:
         if not build.status.is_terminal:  # its attempt ended without it
             return await _cancel_or_wait(ctx, build,
                                          f"attempt {build.attempt} of its request is over")
+        if build.attempt == request.attempt - 1 and not any(
+                b.attempt == request.attempt
+                for b in await deps.db.builds.list_for_request(request.queue, request.id)):
+            # this build's end began the next attempt, and the delivery that did may have
+            # died before publishing it (build builds an attempt once, so this is safe)
+            await _publish_next_attempt(ctx, request)
         return ACK
 
     config = deps.queue_config(build.queue)
@@ -175,10 +181,14 @@ async def _end_attempt(ctx: StageContext, request: Request, build: Build,
         return ACK
     ctx.log.warning("attempt_again build_id=%s ended=%s next_attempt=%d in=%.0fs reason=%s",
                     build.id, outcome, settled.attempt, end.backoff, observed.reason or "-")
-    await ctx.publish(TopicKey.BUILD, BuildRequest(
-        id=settled.id, queue_name=settled.queue, nonce=settled.nonce,
-        attempt=settled.attempt))
+    await _publish_next_attempt(ctx, settled)
     return ACK
+
+
+async def _publish_next_attempt(ctx: StageContext, request: Request) -> None:
+    await ctx.publish(TopicKey.BUILD, BuildRequest(
+        id=request.id, queue_name=request.queue, nonce=request.nonce,
+        attempt=request.attempt))
 
 
 def _longest_delay(config: QueueConfig) -> float:
