@@ -20,9 +20,10 @@ configuration). A remote that cannot be reached (network, timeout, a server erro
 non-retryable, except a lock held by a concurrent git process.
 
 Every git call is an ``asyncio`` subprocess with a deadline (its process group is killed
-when it passes), so nothing here blocks the event loop. Writes to a cache (its creation
-and every fetch) hold an exclusive ``flock`` on ``<cache>.lock``, polled without blocking,
-so any number of workers on one machine can share a cache.
+when it passes), so nothing here blocks the event loop. Writes to a cache (its creation,
+every fetch, a promotion kept in it) hold an exclusive ``flock`` on ``<cache>.lock``,
+polled without blocking, so any number of workers on one machine can share a cache, and
+a git lock file left by a git that died mid-write is removed by the next holder.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import signal
@@ -56,6 +58,8 @@ from streams.extensions.sourcecontrol.gituri import (
     repository_identity,
 )
 from streams.schema.fields import NonEmptyStr, resolve_path
+
+log = logging.getLogger("stovepipe.git")
 
 DEFAULT_LOCAL_TIMEOUT = 60.0  # seconds for a git command on this machine
 DEFAULT_REMOTE_TIMEOUT = 300.0  # seconds for a fetch or a push
@@ -166,6 +170,16 @@ async def hold_file_lock(path: Path) -> AsyncIterator[None]:
         os.close(fd)  # releases the lock
 
 
+def _remove_stale_locks(git_dir: Path) -> None:
+    """Every git that writes a cache holds its flock, so a git lock file found by the
+    flock's holder was left by a git that died mid-write (killed at its deadline, or with
+    its worker); left there, it would fail every later fetch. Objects need no cleaning."""
+    for lock in [*git_dir.glob("*.lock"), *(git_dir / "refs").rglob("*.lock")]:
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+            log.warning("git_stale_lock_removed path=%s", lock)
+
+
 def _open_lock_file(path: Path) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -233,7 +247,11 @@ class GitRepository:
     async def git(self, *args: str, remote: bool = False) -> GitResult:
         """``git --git-dir=<git_dir> <args>``; ``remote`` gives it the network deadline."""
         git_dir = await self.git_dir()
-        return await run_git([f"--git-dir={git_dir}", *args],
+        # a cache's automatic gc runs inside the command (so under the cache's lock), never
+        # detached after it
+        cache = ("-c", "gc.autoDetach=false", "-c", "maintenance.autoDetach=false"
+                 ) if self.is_remote else ()
+        return await run_git([*cache, f"--git-dir={git_dir}", *args],
                              deadline=self.remote_timeout if remote else self.local_timeout)
 
     async def has_commit(self, sha: str) -> bool:
@@ -389,8 +407,9 @@ class GitRepository:
                     raise _remote_failure(self.repository, f"push to {branch!r}", result)
                 raise _local_failure(self.repository, f"push to {branch!r}", result)
             return
-        result = await self.git("update-ref", "-m", "stovepipe: promote",
-                                f"refs/heads/{branch}", sha, expected or _ZERO_SHA)
+        async with (self._cache_lock() if self.is_remote else contextlib.nullcontext()):
+            result = await self.git("update-ref", "-m", "stovepipe: promote",
+                                    f"refs/heads/{branch}", sha, expected or _ZERO_SHA)
         if result.code != 0:
             text = result.stderr.lower()
             if "but expected" in text or "already exists" in text or "unable to resolve" in text:
@@ -407,6 +426,8 @@ class GitRepository:
         if created:
             await self.git_dir()  # creating the cache takes the lock itself
         async with hold_file_lock(self.cache_path.with_name(self.cache_path.name + ".lock")):
+            if created:
+                await asyncio.to_thread(_remove_stale_locks, self.cache_path)
             yield
 
     async def _discover_local(self) -> Path:
