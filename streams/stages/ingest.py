@@ -20,7 +20,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from contract import IngestRequest, ProcessRequest, TopicKey
 from store import RequestState
@@ -56,9 +56,16 @@ async def ingest_head(deps: Deps, queue: str, publish: Publisher) -> Ingested:
     InvalidQueueName, UnknownQueue, SourceControlError, and the store's errors."""
     validate_queue_name(queue)
     source_control = deps.extensions.source_control(queue)  # unknown queue: a user error
-    ingested: Ingested = await deps.head_ingests.run(
-        queue, lambda: _resolve_and_mint(deps, queue, source_control, publish))
-    return ingested
+    ran = False
+
+    async def resolve_and_mint() -> Ingested:
+        nonlocal ran
+        ran = True
+        return await _resolve_and_mint(deps, queue, source_control, publish)
+
+    ingested: Ingested = await deps.head_ingests.run(queue, resolve_and_mint)
+    # a resolve shared with the ingest that ran it minted for that ingest, not this one
+    return ingested if ran else replace(ingested, new=False)
 
 
 async def ingest_queue(deps: Deps, queue: str, publish: Publisher) -> str:
