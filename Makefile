@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# pytest processes `make test` runs modules in (each module whole, in one of them): the
+# tests mostly wait for builds, brokers and outages, so more than the cores pays
+TEST_PROCESSES ?= 3
 
 .DEFAULT_GOAL := help
 
@@ -72,7 +75,7 @@ proto: venv ## Regenerate contract/pb from the .proto files
 
 .PHONY: test
 test: venv system-deps lint ## Lint, start what the tests need, run every test
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile
 
 .PHONY: bench
 bench: up ## Run the benchmarks (prints figures; about 10 minutes)

@@ -53,6 +53,10 @@ SESSION_ENV = "STOVEPIPE_TEST_SESSION"
 # exported at import, before any fixture or test starts a process: all of them inherit it
 os.environ[SESSION_ENV] = uuid.uuid4().hex
 LEFTOVER_GRACE = 15.0  # seconds the session's last processes get to finish stopping
+# modules taking minutes (a loaded machine's `--durations`), longest first
+LONGEST_MODULES = ("test_faults.py", "test_pipeline_model.py", "test_dependency_outages.py",
+                   "test_pipeline_e2e.py", "test_hosted_budget.py", "test_credentials.py",
+                   "test_notify_pipeline.py", "test_restore_replay.py", "test_gate.py")
 
 
 # --- no test leaves a process behind ---------------------------------------------------------
@@ -201,10 +205,33 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _LEFTOVERS.after(item.nodeid)
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    """Whether this pytest only hands tests to xdist workers (``make test`` runs several)."""
+    return config.pluginmanager.hasplugin("dsession") and not hasattr(config, "workerinput")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _LEFTOVERS.found = _LEFTOVERS.at_end()
+    if not _xdist_controller(session.config):
+        # each pytest that ran tests looks for what they left; a worker reports it to the
+        # controller (`pytest_testnodedown`), which fails the session for it
+        found = _LEFTOVERS.at_end()
+        _LEFTOVERS.found.extend(found)
+        if hasattr(session.config, "workeroutput"):
+            session.config.workeroutput["leftovers"] = found
     if _LEFTOVERS.found:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    _LEFTOVERS.found.extend(getattr(node, "workeroutput", {}).get("leftovers", []))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest modules first, so the workers of a parallel run finish together (the
+    order is the same in every worker, as xdist requires); the rest keep theirs."""
+    rank = {name: n for n, name in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
