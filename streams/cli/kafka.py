@@ -39,7 +39,7 @@ from streams.config.topics import (
     TopicSpec,
     load_topics,
 )
-from streams.runtime.topic_admin import DEFAULT_ADMIN_TIMEOUT
+from streams.runtime.topic_admin import DEFAULT_ADMIN_TIMEOUT, read_watermarks
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -250,8 +250,7 @@ class Kafka:
         out = {}
         for p in partitions:
             try:
-                out[p] = self.consumer().get_watermark_offsets(
-                    TopicPartition(topic, p), timeout=self.timeout)
+                out[p] = read_watermarks(self.consumer(), topic, p, self.timeout)
             except KafkaException as exc:
                 raise self.unreachable(f"reading the offsets of {topic} [{p}]", exc) from None
         return out

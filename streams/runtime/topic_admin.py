@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.config.topics import DelayTier, TopicsConfig, TopicSpec
@@ -24,6 +24,33 @@ DEFAULT_ADMIN_TIMEOUT = 5.0  # seconds; every admin call is bounded, so is every
 # stderr; an application that configures logging sees them, a CLI user sees our message.
 _kafka_log = logging.getLogger("stovepipe.kafka.admin")
 _kafka_log.addHandler(logging.NullHandler())
+
+
+WATERMARK_ATTEMPTS = 5
+# a partition's leader that just moved or is not elected yet (a topic created a moment ago,
+# a busy broker): asked again, the client refreshing its metadata in between
+_LEADER_MOVING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                  KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT}
+
+
+def read_watermarks(consumer: Any, topic: str, partition: int,
+                    timeout: float) -> tuple[int, int]:
+    """(earliest retained offset, end offset) of a partition, asked again a few times
+    while its leader moves; blocking (call it in a thread from a loop). KafkaException
+    for anything else, or when the leader never settles."""
+    for attempt in range(WATERMARK_ATTEMPTS):
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                       timeout=timeout)
+            return int(low), int(high)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            again = isinstance(error, KafkaError) and (
+                error.retriable() or error.code() in _LEADER_MOVING)
+            if not again or attempt == WATERMARK_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 # --- creating and verifying on the broker ---------------------------------------------

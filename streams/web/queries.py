@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from store import (
     Build,
@@ -27,12 +27,12 @@ from store import (
 )
 from streams.config.names import validate_queue_name
 from streams.extensions.sourcecontrol import SourceControlError
+from streams.runtime.topic_admin import read_watermarks
 
 if TYPE_CHECKING:  # the read queries need no stage machinery, only its type
     from streams.stages.deps import Deps
 
 MAX_RECENT_REQUESTS = 100
-WATERMARK_ATTEMPTS = 5
 
 
 def jsonable(value: Any) -> Any:
@@ -280,30 +280,11 @@ class DeadLetterDepths:
                 partitions = [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
                 depth = 0
                 for tp in consumer.committed(partitions, timeout=self.timeout):
-                    low, high = self._watermarks(consumer, tp)
+                    low, high = read_watermarks(consumer, topic, tp.partition,
+                                                self.timeout)
                     position = tp.offset if tp.offset >= 0 else low
                     depth += max(0, high - max(position, low))
                 depths.append(DeadLetterDepth(stage, topic, depth))
             return depths
         finally:
             consumer.close()
-
-    def _watermarks(self, consumer: Any, tp: Any) -> tuple[int, int]:
-        """(low, high) of a partition. A leader that just moved is asked again: the
-        client refreshes its metadata in between."""
-
-        transient = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                     KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT,
-                     KafkaError._TRANSPORT}
-        for attempt in range(WATERMARK_ATTEMPTS):
-            try:
-                low, high = consumer.get_watermark_offsets(tp, timeout=self.timeout)
-                return int(low), int(high)
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                again = isinstance(error, KafkaError) and (
-                    error.retriable() or error.code() in transient)
-                if not again or attempt == WATERMARK_ATTEMPTS - 1:
-                    raise
-                time.sleep(0.2 * (attempt + 1))  # in a worker thread, never on the loop
-        raise AssertionError("unreachable")
