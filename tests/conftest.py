@@ -10,7 +10,7 @@ run in any order and never see each other's data. The exception is by design: th
 of a module that take a `lane` share one worker, topic set and schema
 (`tests.shared_worker`), each with queues of its own and checks that see only those.
 
-No test may leave a process behind. ``STOVEPIPE_TEST_SESSION=<uuid>`` is exported before
+No test may leave a process behind. ``PYTEST_STOVEPIPE_SESSION=<uuid>`` is exported before
 anything starts, so every process the tests start carries it in its environment (unless
 a test hands it a bare environment of its own; those are still found as descendants of
 pytest while their parents live). After each test's teardown, the processes started
@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     from tests.shared_worker import Lane, SharedPipeline
     from tests.web_support import WebPipeline
 
-SESSION_ENV = "STOVEPIPE_TEST_SESSION"
+# not STOVEPIPE_*: the command runner hands builds the environment without those
+SESSION_ENV = "PYTEST_STOVEPIPE_SESSION"
 # exported at import, before any fixture or test starts a process: all of them inherit it
 os.environ[SESSION_ENV] = uuid.uuid4().hex
 LEFTOVER_GRACE = 15.0  # seconds the session's last processes get to finish stopping
@@ -408,7 +409,7 @@ def pipeline(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
     try:
         yield p
     finally:
-        p.stop_workers()
+        p.close()
 
 
 @pytest.fixture
@@ -422,7 +423,7 @@ def web(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
     try:
         yield p
     finally:
-        p.stop_workers()
+        p.close()
 
 
 @pytest.fixture(scope="module")
@@ -443,7 +444,7 @@ def shared_pipeline(request: pytest.FixtureRequest, services: _Services,
             shared.start_worker()
             yield shared
         finally:
-            shared.stop_workers()
+            shared.close()
 
 
 @pytest.fixture

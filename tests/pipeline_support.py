@@ -29,6 +29,7 @@ import yaml
 from contract import MalformedPayload, unmarshal
 from streams.config.settings import REPO_ROOT
 from streams.config.topics import TopicsConfig
+from streams.extensions.buildrunner.processes import PGID, START_TIME
 from streams.extensions.sourcecontrol.fake import FakeRepo
 from tests.runtime_support import create_topics, write_test_topics
 from tests.waiting import wait_until
@@ -182,6 +183,14 @@ class Pipeline:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=30)
+
+    def close(self) -> None:
+        """The end of a test: its workers stopped, then the command builds they launched.
+        Builds are detached from their worker by design (a restarted worker adopts them),
+        so stopping the workers alone leaves them running."""
+        self.stop_workers()
+        for pgid_file in self.root.rglob(PGID):
+            _stop_build_group(pgid_file.parent)
 
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-4000:]
@@ -570,6 +579,23 @@ def _signal(family: Family, sig: int) -> None:
         if stat is not None and stat[3] == start:  # the same process, not a reused pid
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
+
+
+def _stop_build_group(state: Path) -> None:
+    """SIGKILL the process group of the command build whose state directory is ``state``
+    while any process of it lives (started no earlier than the build: not a reused id)."""
+    try:
+        pgid = int((state / PGID).read_text())
+        started = int((state / START_TIME).read_text())
+    except (OSError, ValueError):
+        return
+    members = [pid for name in os.listdir("/proc") if name.isdigit()
+               and (stat := _stat(pid := int(name))) is not None
+               and stat[2] == pgid and stat[3] >= started and stat[0] != "Z"]
+    if members:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        _wait_gone((pgid, []), timeout=30)
 
 
 def _wait_gone(family: Family, *, timeout: float) -> bool:

@@ -70,7 +70,7 @@ def pipeline(stack: ThrowawayStack, tmp_path: Path) -> Iterator[Pipeline]:
     try:
         yield p
     finally:
-        p.stop_workers()
+        p.close()
 
 
 def _api(port: int, method: str, path: str, timeout: float = 30) -> tuple[int, Any]:

@@ -191,7 +191,7 @@ def web(kafka_bootstrap: str, migrated_dsn: str, topic_prefix: str,
     try:
         yield p
     finally:
-        p.stop_workers()
+        p.close()
 
 
 def test_a_signed_github_push_ingests_every_queue_watching_its_branch(
