@@ -35,6 +35,7 @@ from streams.web.history import (
     outcome_of,
     queue_history,
 )
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.postgres
 
@@ -226,7 +227,12 @@ def test_subjects_are_filled_in_the_background_when_the_repository_is_slow(
         # a second read while the first description runs asks nothing more
         assert await descriptions.of(db, Q, [uri("c1"), uri("c0")], lambda: slow) == {}
         assert slow.asked == [[uri("c1"), uri("c0")]]
-        await asyncio.sleep(1.2)  # the description ends in the background, remembered
+        # the description ends in the background, remembered
+
+        async def described() -> bool:
+            return len(await db.commit_infos.of(Q, [uri("c0"), uri("c1")])) == 2
+
+        await wait_until_async(described, within=30, what="the background description")
         known = await db.commit_infos.of(Q, [uri("c0"), uri("c1")])
         assert {u: (c.subject, c.author) for u, c in known.items()} == {
             uri("c0"): (SUBJECTS["c0"], AUTHOR), uri("c1"): (SUBJECTS["c1"], AUTHOR)}

@@ -18,6 +18,7 @@ from streams.extensions.sourcecontrol import SourceControl, SourceControlError
 from streams.extensions.sourcecontrol.fake import FakeRepo
 from streams.stages.deps import Deps
 from streams.stages.ingest import Ingested, ingest_head
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.postgres
 
@@ -63,7 +64,15 @@ def test_only_the_ingest_that_ran_a_shared_resolve_minted(
             db = Database(pool)
             extensions = Extensions(queues, db)
             held = HeldResolve(extensions.source_control("q"), fail_first=fail_first)
-            extensions.source_control = lambda queue: held  # type: ignore[method-assign]
+            arrivals = 0
+
+            def arrive(queue: str) -> HeldResolve:
+                # called as an ingest enters the shared resolve, in the same step
+                nonlocal arrivals
+                arrivals += 1
+                return held
+
+            extensions.source_control = arrive  # type: ignore[method-assign]
             deps = Deps(db=db, queues=queues, extensions=extensions)
             repo.push("main", "c1")
 
@@ -74,7 +83,11 @@ def test_only_the_ingest_that_ran_a_shared_resolve_minted(
             await held.started.wait()
             late = [asyncio.create_task(ingest_head(deps, "q", publish))
                     for _ in range(LATE)]
-            await asyncio.sleep(0.1)  # they are all waiting for the first resolve
+
+            async def all_waiting() -> bool:
+                return arrivals == 1 + LATE
+
+            await wait_until_async(all_waiting, within=10, what="every late ingest waiting")
             held.release.set()
             results = await asyncio.gather(first, *late, return_exceptions=True)
             assert held.resolves == 2  # the first, then one shared by every late ingest
