@@ -135,22 +135,7 @@ class RequestStore(Store):
         """CAS an `accepted` Request to `superseded` saying why (a backfill whose search
         ended before it was admitted). VersionMismatch when it changed since it was
         read."""
-        key = {"queue": request.queue, "id": request.id}
-        if not request.state.can_become(RequestState.SUPERSEDED):
-            raise InvariantViolation(self.entity, key,
-                                     f"illegal transition {request.state} -> superseded")
-        return _request(
-            await self._compare_and_set(
-                "UPDATE request SET state = 'superseded', reason = %(reason)s,"
-                " version = version + 1, updated_at = now()"
-                " WHERE queue = %(queue)s AND id = %(id)s AND version = %(version)s"
-                f" RETURNING {_COLUMNS}",
-                {**key, "reason": reason},
-                version_query=_VERSION,
-                key=key,
-                expected_version=request.version,
-            )
-        )
+        return await self._end_for(request, RequestState.SUPERSEDED, reason)
 
     async def get_many(self, queue: str, ids: Sequence[str]) -> dict[str, Request]:
         """The queue's Requests among ``ids`` that exist, by id."""
@@ -166,14 +151,19 @@ class RequestStore(Store):
         without a verdict — it could not be validated, for ``reason`` (a reconciler drove
         it out). InvariantViolation from a terminal state, VersionMismatch when it changed
         since it was read."""
+        return await self._end_for(request, RequestState.FAILED, reason)
+
+    async def _end_for(self, request: Request, state: RequestState, reason: str) -> Request:
+        """CAS the request to ``state`` (superseded, or failed without a verdict) for
+        ``reason``."""
         key = {"queue": request.queue, "id": request.id}
-        if not request.state.can_become(RequestState.FAILED):
+        if not request.state.can_become(state):
             raise InvariantViolation(self.entity, key,
-                                     f"illegal transition {request.state} -> failed")
+                                     f"illegal transition {request.state} -> {state}")
         return _request(
             await self._compare_and_set(
-                "UPDATE request SET state = 'failed', verdict = NULL, reason = %(reason)s,"
-                " version = version + 1, updated_at = now()"
+                f"UPDATE request SET state = '{state.value}', verdict = NULL,"
+                " reason = %(reason)s, version = version + 1, updated_at = now()"
                 " WHERE queue = %(queue)s AND id = %(id)s AND version = %(version)s"
                 f" RETURNING {_COLUMNS}",
                 {**key, "reason": reason},
