@@ -4,9 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# pytest processes `make test` runs modules in (each module whole, in one of them): the
-# tests mostly wait for builds, brokers and outages, so more than the cores pays
-TEST_PROCESSES ?= 3
+# pytest processes to run the modules in (each module whole, in one of them); 0: pytest's
+# own process. 3 takes 13 min instead of 32, but is not the default yet: under it one
+# rebalance test fails about once in five runs (README, Tests)
+TEST_PROCESSES ?= 0
 
 .DEFAULT_GOAL := help
 
