@@ -237,3 +237,28 @@ def test_revoking_partitions_stops_their_events_and_acks_none_of_them() -> None:
         assert [e.n for e in observed.acked] == [2, 4]
 
     asyncio.run(main())
+
+
+def test_after_a_revoke_returns_no_event_of_the_revoked_partition_counts_as_held() -> None:
+    """Five keys of partition 0 run (all waiting out an outage) when it is revoked: once
+    `revoke` returns none of them is running or held any more, so the same keys, assigned
+    again, start at once."""
+    async def main() -> None:
+        observed = Observed()
+        lanes = _lanes(observed, limit=10)
+        stuck = asyncio.Event()
+        for n, key in enumerate("abcde"):
+            await lanes.submit(Event(n, key, 0, 0, stuck))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert lanes.running == 5
+        # awaited directly, as the worker does (wait_for would run it as a task of its
+        # own, and the loop would tidy up before the assertion)
+        assert await lanes.revoke({0}) == 5
+        assert (lanes.running, lanes.in_flight) == (0, 0)
+        for n, key in enumerate("abcde", start=10):
+            await lanes.submit(Event(n, key, 0, 0))
+        await _drain(lanes)
+        assert [e.n for e in observed.acked] == [10, 11, 12, 13, 14]
+
+    asyncio.run(main())

@@ -93,8 +93,12 @@ def test_a_worker_joining_while_handlers_wait_out_an_outage_rebalances_at_once(
 
     with psycopg.connect(schema_dsn, autocommit=True) as conn:  # the outage ends
         conn.execute("INSERT INTO runtime_latch (name) VALUES ('outage')")
-    wait_until(lambda: set(sink_rows(schema_dsn)) == set(ids), timeout=60,
-               what="every message handled once the outage ended")
+    try:
+        wait_until(lambda: set(sink_rows(schema_dsn)) == set(ids), timeout=60,
+                   what="every message handled once the outage ended")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; handled {sorted(sink_rows(schema_dsn))}; calls "
+                             f"{_calls(schema_dsn)}") from None
 
     print(f"the group rebalanced {rebalance:.1f}s after the second worker started, with "
           f"six handlers waiting out an outage on the first")

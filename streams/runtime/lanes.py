@@ -34,7 +34,6 @@ for.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections import deque
@@ -195,9 +194,10 @@ class Lanes:
             self._partitions.pop(partition, None)
         for task in cancelled:
             task.cancel()
-        for task in cancelled:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # gather, not one await per task: it returns only after every task's own done
+        # callback (`_finished`, registered first) has run, so no cancelled key is still
+        # counted as running when this returns
+        await asyncio.gather(*cancelled, return_exceptions=True)
         self._gauge.set(self._held)
         self._room.set()
         self._start_what_can_run()
@@ -211,7 +211,5 @@ class Lanes:
         tasks = [task for task, _ in self._running.values()]
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._gauge.set(0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import faust
@@ -62,6 +62,26 @@ class _Consumer(faust_aiokafka.AIOKafkaConsumerThread):
     async def _request_rejoin(self) -> None:
         # on the consumer's own thread: aiokafka's coordinator is not thread-safe
         self._ensure_consumer()._coordinator.request_rejoin()
+
+    async def seek_to_committed(self) -> Mapping[Any, int]:
+        return await self.call_thread(seek_to_committed_or_start, self._ensure_consumer())
+
+
+async def seek_to_committed_or_start(consumer: Any) -> Mapping[Any, int]:
+    """Put every assigned partition back at its committed offset — or at its start when
+    nothing was committed yet. Faust calls this after a rebalance, and whenever it throws
+    away records fetched while its flow was stopped (a rebalance under way); aiokafka's
+    own `seek_to_committed` moves only partitions whose committed offset is above 0, so a
+    partition that never committed kept its fetch position *after* the thrown-away
+    records: they were not delivered until the next rebalance, and a later commit on that
+    partition would have skipped them for good. The worker reads from the earliest offset
+    when nothing is committed (`consumer_auto_offset_reset`), so that is where it goes;
+    offset 0 past the log's start resets to the earliest offset the same way."""
+    committed: Mapping[Any, int] = await consumer.seek_to_committed()
+    for tp, offset in committed.items():
+        if not offset:  # None (nothing committed) or 0: aiokafka left it where it was
+            consumer.seek(tp, 0)
+    return committed
 
 
 class _ConsumerDelegate(faust_aiokafka.Consumer):

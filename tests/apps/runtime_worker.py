@@ -1,7 +1,8 @@
 """A worker over the delivery runtime with test handlers, run as a real process.
 
 Environment: RT_BOOTSTRAP, RT_DSN (its search_path names the test's schema), RT_TOPICS
-(a topics.yaml), RT_PREFIX, RT_APP_ID. The payload id says what the handler does:
+(a topics.yaml), RT_PREFIX, RT_APP_ID; RT_LOGLEVEL (warn by default) to look into one.
+The payload id says what the handler does:
 
   ack:N            record N and ack
   hold:MS:N        the first time hold for MS ms, then record N
@@ -168,7 +169,7 @@ def main() -> None:
                            bootstrap=os.environ["RT_BOOTSTRAP"],
                            consumed=[s.key for s in STAGES])
     app = build_app(config, STAGES, database_deps(os.environ["RT_DSN"]))
-    run_worker(app, loglevel="warn")
+    run_worker(app, loglevel=os.environ.get("RT_LOGLEVEL", "warn"))
 
 
 if __name__ == "__main__":
