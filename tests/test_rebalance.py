@@ -129,26 +129,3 @@ def test_an_agent_crashed_by_a_handler_bug_restarts_and_its_message_comes_again(
     assert "agent_crashed stage=process" in logs, logs
     assert "HandlerBug" in logs
     assert [i for i, _, _ in _calls(schema_dsn)].count("bugonce:1") == 2
-
-
-def test_a_fetched_message_that_never_reached_a_handler_is_read_again(
-        workers: list[RuntimeWorker], kafka_bootstrap: str, schema_dsn: str,
-        topic_prefix: str) -> None:
-    """Faust throws the last message of a partition away after fetching it (as a rebalance
-    under a fetched batch can): nothing else would deliver it until the next rebalance.
-    The stall check sees the partition's position past its committed offset with nothing
-    under way, and reads the partition again from there."""
-    worker = workers[0]
-    worker.start()
-    config = create_topics(kafka_bootstrap, Path(worker.env["RT_TOPICS"]), topic_prefix)
-    produce_process(kafka_bootstrap, config, ["ack:1", "ack:2", "lostonce:3"], queue="q0")
-    wait_until(lambda: set(sink_rows(schema_dsn)) >= {"ack:1", "ack:2"}, timeout=120,
-               what="the messages before the lost one handled")
-    lost_at = time.monotonic()
-    wait_until(lambda: "lostonce:3" in sink_rows(schema_dsn), timeout=60,
-               what="the lost message read again and handled", interval=0.5)
-    print(f"the lost message was handled {time.monotonic() - lost_at:.1f}s after the ones "
-          f"before it")
-    logs = worker.logs()
-    assert logs.count("partition_stalled") == 1, logs
-    assert all(row["deliveries"] == 1 for row in sink_rows(schema_dsn).values())

@@ -44,12 +44,3 @@ def test_leases_outlive_or_are_renewed_during_the_work_they_cover() -> None:
 def test_the_sweeper_waits_for_a_loop_longer_than_its_heartbeat() -> None:
     assert sweeper.GRACE > 0 and loops.HEARTBEAT > 0
     assert Database.open.__kwdefaults__["acquire_timeout"] < timings.REBALANCE_TIMEOUT
-
-
-def test_a_partition_whose_messages_are_done_has_committed_them_by_the_next_stall_check(
-) -> None:
-    from streams.runtime.config import WorkerConfig
-    from streams.runtime.stalls import CHECK_INTERVAL
-
-    commit_interval = WorkerConfig.__dataclass_fields__["commit_interval"].default
-    assert commit_interval * 4 <= CHECK_INTERVAL

@@ -97,16 +97,6 @@ class Lanes:
     def running(self) -> int:
         return len(self._running)
 
-    @property
-    def full(self) -> bool:
-        """At the buffer bound: `submit` waits, and fetched events wait outside."""
-        return self._held >= self.buffer
-
-    def partitions_held(self) -> set[Any]:
-        """The partitions with an event held (running, waiting, or done and not yet
-        acknowledged behind an earlier one)."""
-        return set(self._partitions)
-
     def failure(self) -> LanesHalted | None:
         """The halt, as the error the agent raises (None while nothing failed)."""
         if self._failure is None:

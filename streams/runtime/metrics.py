@@ -72,12 +72,6 @@ DEPENDENCY_WAITS = Counter(
     "dependency was unavailable (no attempt spent).",
     ["stage"],
 )
-PARTITIONS_REREAD = Counter(
-    "stovepipe_partitions_reread_total",
-    "A partition whose fetched messages never reached a handler was read again from its"
-    " committed offset (streams.runtime.stalls).",
-    ["topic"],
-)
 AGENT_RESTARTS = Counter(
     "stovepipe_agent_restarts_total",
     "A stage's agent crashed on a bug outside the runtime's error handling and was restarted"

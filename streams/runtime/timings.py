@@ -34,9 +34,6 @@ Relations (tests/test_timings.py checks each against the constants where they li
 5. Leases outlive the work they cover or are renewed: an ingest lease (`ingest.LEASE`,
    30 s) is renewed every third of it while git runs; a notification's lease
    (`notify.LEASE`, 60 s) exceeds one post's timeout (10 s).
-6. A stalled partition is read again after two looks `stalls.CHECK_INTERVAL` (10 s) apart;
-   the check exceeds the commit interval (`WorkerConfig.commit_interval`, 0.5 s), so a
-   partition whose messages are all done has committed them by the next look.
 """
 
 from __future__ import annotations

@@ -36,7 +36,6 @@ from streams.runtime.stage import (
     Stage,
     park_into,
 )
-from streams.runtime.stalls import CHECK_INTERVAL, StallWatch, reread_stalled
 
 log = logging.getLogger("stovepipe.worker")
 
@@ -197,13 +196,6 @@ def build_app(config: WorkerConfig, stages: Sequence[Stage[Any]], open_deps: Ope
         await runtime.revoke(revoked)
 
     app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
-
-    stage_topics = {config.topics[stage.key].topic for stage in stages}
-    watch = StallWatch()
-
-    @app.timer(interval=CHECK_INTERVAL)
-    async def reread_stalled_partitions() -> None:
-        await reread_stalled(app, list(runtime.lanes.values()), stage_topics, watch)
 
     for stage in stages:
         route = config.topics[stage.key]

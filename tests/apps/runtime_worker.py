@@ -20,9 +20,6 @@ The payload id says what the handler does:
                    runtime_calls with the worker (RT_WORKER) and the time
   bugonce:N        the first call raises past the runtime's error handling (a bug: the
                    agent crashes), later ones record N
-  lostonce:N       record N; the first time it is fetched, Faust throws it away before
-                   any handler sees it (as a rebalance can), so only a stall check
-                   (`streams.runtime.stalls`) delivers it
 
 "Record" inserts (id, stage, attempt) into runtime_sink; duplicates are absorbed by its
 key and counted in runtime_sink.deliveries.
@@ -122,8 +119,6 @@ async def handle_process(payload: ProcessRequest, ctx: Context) -> Outcome:
         raise Boom("fails for good")
     elif kind == "outage":
         await _outage_until_latched(ctx, payload.id)
-    elif kind == "lostonce":
-        await _record(ctx, payload.id)
     elif kind == "bugonce":
         await _bug_once(ctx, payload.id)
     elif kind in ("pipe", "pipelatch"):
@@ -166,26 +161,7 @@ STAGES: list[Stage[Any]] = [
 ]
 
 
-def _lose_fetched_once(marker: bytes) -> None:
-    """Faust's consumer throws away the first fetch of each message carrying ``marker``:
-    the consumer's position is past it, and no handler saw it."""
-    from faust.transport.consumer import Consumer
-
-    fetch = Consumer.getmany
-    lost: set[tuple[Any, int]] = set()
-
-    async def getmany(self: Any, timeout: float) -> Any:  # noqa: ASYNC109 - Faust's own signature
-        async for tp, message in fetch(self, timeout):
-            if marker in (message.value or b"") and (tp, message.offset) not in lost:
-                lost.add((tp, message.offset))
-                continue
-            yield tp, message
-
-    Consumer.getmany = getmany  # type: ignore[method-assign]
-
-
 def main() -> None:
-    _lose_fetched_once(b"lostonce:")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     topics = load_topics(os.environ["RT_TOPICS"], prefix=os.environ["RT_PREFIX"])
