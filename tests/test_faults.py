@@ -42,6 +42,10 @@ pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 OUTAGE = 60.0  # seconds each service stays down
 QUEUES = 4
 DELAYS = 0.2  # every test queue's gate and poll delays (Pipeline.add_queue)
+# a latched build is held through the fill, the fault and the recovery: under a loaded
+# machine the fill alone took more than the default 60 s, and the first build ran past
+# its poll deadline (a red verdict the faults did not cause)
+HELD_DEADLINE = "10m"
 
 
 def _bound(pipeline: Pipeline) -> float:
@@ -131,7 +135,8 @@ def _outage(seconds: float) -> None:
 
 def test_the_broker_killed_mid_run_and_an_ingest_during_its_outage(
         stack: ThrowawayStack, pipeline: Pipeline) -> None:
-    refs = {f"b{i}": pipeline.add_queue(f"b{i}") for i in range(QUEUES)}
+    refs = {f"b{i}": pipeline.add_queue(f"b{i}", poll_deadline=HELD_DEADLINE)
+            for i in range(QUEUES)}
     port = free_ports(1)[0]
     pipeline.start_worker(web_port=port)
     _wait_healthy(port)
@@ -160,7 +165,8 @@ def test_the_broker_killed_mid_run_and_an_ingest_during_its_outage(
 
 
 def test_the_database_killed_mid_run(stack: ThrowawayStack, pipeline: Pipeline) -> None:
-    refs = {f"d{i}": pipeline.add_queue(f"d{i}") for i in range(QUEUES)}
+    refs = {f"d{i}": pipeline.add_queue(f"d{i}", poll_deadline=HELD_DEADLINE)
+            for i in range(QUEUES)}
     pipeline.start_worker()
     _fill(pipeline, refs, "P")
 
@@ -239,7 +245,8 @@ def test_a_database_outage_longer_than_host_timeout_fails_no_command_build(
 
 
 def test_a_worker_sigkilled_three_times(pipeline: Pipeline) -> None:
-    refs = {f"w{i}": pipeline.add_queue(f"w{i}") for i in range(QUEUES)}
+    refs = {f"w{i}": pipeline.add_queue(f"w{i}", poll_deadline=HELD_DEADLINE)
+            for i in range(QUEUES)}
     worker = pipeline.start_worker()
     rng = random.Random(3)
     elapsed = 0.0
@@ -295,7 +302,8 @@ def _garbage(pipeline: Pipeline, real: list[tuple[str, str]], count: int,
 
 
 def test_a_thousand_garbage_messages_harm_nothing(pipeline: Pipeline) -> None:
-    refs = {f"g{i}": pipeline.add_queue(f"g{i}") for i in range(QUEUES)}
+    refs = {f"g{i}": pipeline.add_queue(f"g{i}", poll_deadline=HELD_DEADLINE)
+            for i in range(QUEUES)}
     pipeline.add_queue("elsewhere")
     pipeline.start_worker()
     _fill(pipeline, refs, "G")  # real work in flight during the flood
@@ -322,7 +330,8 @@ def test_poll_and_gate_loops_outlive_skewed_clocks(pipeline: Pipeline) -> None:
     """Two workers whose clocks are 20 s apart (libfaketime), the sweeper off: a hold
     produced by one is released early or late by the other, and every loop goes on by
     itself — a loop is recognised by its token on the row, never by a worker's clock."""
-    refs = {f"s{i}": pipeline.add_queue(f"s{i}", poll_deadline="10m") for i in range(QUEUES)}
+    refs = {f"s{i}": pipeline.add_queue(f"s{i}", poll_deadline=HELD_DEADLINE)
+            for i in range(QUEUES)}
     pipeline.sweep_interval = 3600.0
     faketime = ["faketime", "-f"]
     pipeline.start_worker()
