@@ -48,6 +48,13 @@ DELAYS = 0.2  # every test queue's gate and poll delays (Pipeline.add_queue)
 HELD_DEADLINE = "10m"
 
 
+def _held_queues(pipeline: Pipeline, letter: str) -> dict[str, str]:
+    """QUEUES queues named ``<letter>0``…, mapped to their refs; their latched builds may
+    be held for as long as a test needs (HELD_DEADLINE)."""
+    return {f"{letter}{i}": pipeline.add_queue(f"{letter}{i}", poll_deadline=HELD_DEADLINE)
+            for i in range(QUEUES)}
+
+
 def _bound(pipeline: Pipeline) -> float:
     return DELAYS + pipeline.sweep_interval + 10.0
 
@@ -135,8 +142,7 @@ def _outage(seconds: float) -> None:
 
 def test_the_broker_killed_mid_run_and_an_ingest_during_its_outage(
         stack: ThrowawayStack, pipeline: Pipeline) -> None:
-    refs = {f"b{i}": pipeline.add_queue(f"b{i}", poll_deadline=HELD_DEADLINE)
-            for i in range(QUEUES)}
+    refs = _held_queues(pipeline, "b")
     port = free_ports(1)[0]
     pipeline.start_worker(web_port=port)
     _wait_healthy(port)
@@ -165,8 +171,7 @@ def test_the_broker_killed_mid_run_and_an_ingest_during_its_outage(
 
 
 def test_the_database_killed_mid_run(stack: ThrowawayStack, pipeline: Pipeline) -> None:
-    refs = {f"d{i}": pipeline.add_queue(f"d{i}", poll_deadline=HELD_DEADLINE)
-            for i in range(QUEUES)}
+    refs = _held_queues(pipeline, "d")
     pipeline.start_worker()
     _fill(pipeline, refs, "P")
 
@@ -245,8 +250,7 @@ def test_a_database_outage_longer_than_host_timeout_fails_no_command_build(
 
 
 def test_a_worker_sigkilled_three_times(pipeline: Pipeline) -> None:
-    refs = {f"w{i}": pipeline.add_queue(f"w{i}", poll_deadline=HELD_DEADLINE)
-            for i in range(QUEUES)}
+    refs = _held_queues(pipeline, "w")
     worker = pipeline.start_worker()
     rng = random.Random(3)
     elapsed = 0.0
@@ -302,8 +306,7 @@ def _garbage(pipeline: Pipeline, real: list[tuple[str, str]], count: int,
 
 
 def test_a_thousand_garbage_messages_harm_nothing(pipeline: Pipeline) -> None:
-    refs = {f"g{i}": pipeline.add_queue(f"g{i}", poll_deadline=HELD_DEADLINE)
-            for i in range(QUEUES)}
+    refs = _held_queues(pipeline, "g")
     pipeline.add_queue("elsewhere")
     pipeline.start_worker()
     _fill(pipeline, refs, "G")  # real work in flight during the flood
@@ -330,8 +333,7 @@ def test_poll_and_gate_loops_outlive_skewed_clocks(pipeline: Pipeline) -> None:
     """Two workers whose clocks are 20 s apart (libfaketime), the sweeper off: a hold
     produced by one is released early or late by the other, and every loop goes on by
     itself — a loop is recognised by its token on the row, never by a worker's clock."""
-    refs = {f"s{i}": pipeline.add_queue(f"s{i}", poll_deadline=HELD_DEADLINE)
-            for i in range(QUEUES)}
+    refs = _held_queues(pipeline, "s")
     pipeline.sweep_interval = 3600.0
     faketime = ["faketime", "-f"]
     pipeline.start_worker()

@@ -298,9 +298,8 @@ def _behind(pipeline: Pipeline, pushed: dict[str, str]) -> list[str]:
     rows = pipeline.query("SELECT q.name, r.uri FROM queue q JOIN request r"
                           " ON r.queue = q.name AND r.id = q.latest_request_id"
                           " WHERE q.name = ANY(%s)", list(pushed))
-    latest = dict(rows)
-    return sorted(q for q, sha in pushed.items()
-                  if not str(latest.get(q, "")).endswith(f"/{sha}"))
+    latest = {queue: uri.rsplit("/", 1)[1] for queue, uri in rows}
+    return sorted(q for q, sha in pushed.items() if latest.get(q) != sha)
 
 
 def _run_many_heads(pipeline: Pipeline, *, queues: int, rounds: int, kill: bool,
