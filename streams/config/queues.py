@@ -137,7 +137,12 @@ class QueueConfig:
     gate_delay: timedelta = timedelta(seconds=1)  # hold while the queue is full
     poll_delay_queued: timedelta = timedelta(seconds=5)  # between polls of a queued build
     poll_delay_running: timedelta = timedelta(seconds=2)  # between polls of a running one
-    poll_deadline: timedelta = timedelta(hours=1)  # then cancelled and counted failed
+    # how long a build may run, from its start; then it is cancelled, and counts red if
+    # it was running (a hang) or could not validate if it was waiting (blocked, approval)
+    poll_deadline: timedelta = timedelta(hours=1)
+    # how long a build may wait to start, from its trigger (None: poll_deadline); then it
+    # is cancelled and its attempt could not validate
+    start_deadline: timedelta | None = None
     # how long a trigger, an ancestry check or a promotion waits out its dependency's
     # outage before it gives up (a trigger: the attempt could not validate)
     trigger_deadline: timedelta = timedelta(hours=1)
@@ -145,6 +150,12 @@ class QueueConfig:
     backfill: BackfillSpec = dataclasses.field(default_factory=BackfillSpec)
     notify: NotifySpec | None = None  # commit statuses and alerts; None: none
     webhook_repository: str | None = None  # what push webhooks name its repository by
+
+    @property
+    def start_within(self) -> timedelta:
+        """How long a build may wait for an agent, a person or an approval before it
+        starts: ``start_deadline``, else ``poll_deadline``."""
+        return self.start_deadline if self.start_deadline is not None else self.poll_deadline
 
     @property
     def status_channels(self) -> tuple[str, ...]:
@@ -191,7 +202,8 @@ class QueuesConfig:
 
 
 _KNOBS = ("max_concurrent", "gate_delay", "poll_delay_queued", "poll_delay_running",
-          "poll_deadline", "trigger_deadline", "retry", "backfill", "webhook_repository")
+          "poll_deadline", "start_deadline", "trigger_deadline", "retry", "backfill",
+          "webhook_repository")
 _EXTENSIONS = {
     "source_control": "{kind: fake, path: repo.json, repo: demo, ref: main}",
     "build_runner": "{kind: fake}",
@@ -212,6 +224,7 @@ class QueueFields(Section):
     poll_delay_queued: Duration | None = None
     poll_delay_running: Duration | None = None
     poll_deadline: Duration | None = None
+    start_deadline: Duration | None = None
     trigger_deadline: Duration | None = None
     retry: RetrySpec | None = None  # replaced whole, like notify
     backfill: Annotated[BackfillSpec, BeforeValidator(_backfill_shorthand)] | None = None

@@ -52,6 +52,10 @@ class BuildReport:
     # for a `failed` build: why it could not validate the commit (its host was lost, it
     # never ran) in words; empty when the build ran and failed: a red verdict (design §4)
     unvalidated: str = ""
+    # for an `unvalidated` build: its cause will not go away by building again (a workflow
+    # that cannot start, a checkout that fails): only a person's retry validates the
+    # commit again (design §4)
+    permanent: bool = False
     # for a build not yet terminal that is not running now: what it waits for, in words
     # ("queued for an agent", "blocked at a block step, waiting for a person", "waiting
     # for an environment approval", "canceling"); empty while it runs
@@ -63,6 +67,8 @@ class BuildReport:
     def __post_init__(self) -> None:
         if self.waiting and self.status.is_terminal:
             raise ValueError(f"a {self.status} build waits for nothing")
+        if self.permanent and not self.unvalidated:
+            raise ValueError("only a build that could not validate has a permanent cause")
         if self.started_at is not None and self.started_at.tzinfo is None:
             raise ValueError("started_at must carry its time zone")
 
