@@ -13,10 +13,12 @@ statements themselves are in `store.statements`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import LiteralString
 
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from store._base import Row, Store, translate_integrity_errors
@@ -268,19 +270,37 @@ class StepStore(Store):
 
     async def _fetch_one_holding_commit(self, queue: str, uri: str, statement: LiteralString,
                                         params: Mapping[str, object]) -> Row | None:
-        """Run ``statement`` in a transaction (a savepoint inside an open one) that first
-        takes the commit's lock in a statement of its own (`statements.LOCK_COMMIT`): so
-        ``statement`` reads what the lock's previous holder committed."""
+        """Run ``statement`` after taking the commit's lock in a statement of its own in
+        the same transaction (`statements.LOCK_COMMIT`), so ``statement``'s snapshot
+        starts once the lock's previous holder committed. On a pooled connection the
+        transaction is this call's: BEGIN, the lock, the statement and COMMIT travel in
+        one round trip (a pipeline); inside an open transaction the lock is held to its
+        end."""
         key = {"queue": queue, "uri": uri}
+        lock = {"namespace": COMMIT_LOCK_NAMESPACE, **key}
         async with (
             translate_integrity_errors(self.entity, key),
             self._source.connection() as conn,
-            conn.transaction(),
-            conn.cursor(row_factory=dict_row) as cur,
         ):
-            await cur.execute(LOCK_COMMIT, {"namespace": COMMIT_LOCK_NAMESPACE, **key})
-            await cur.execute(statement, params)
-            return await cur.fetchone()
+            own = conn.info.transaction_status is TransactionStatus.IDLE
+            cur = conn.cursor(row_factory=dict_row)
+            try:
+                async with conn.pipeline():
+                    if own:
+                        await conn.execute("BEGIN")
+                    await conn.execute(LOCK_COMMIT, lock)
+                    await cur.execute(statement, params)
+                    if own:
+                        await conn.execute("COMMIT")
+                return await cur.fetchone()
+            except BaseException:
+                if own and conn.info.transaction_status is not TransactionStatus.IDLE:
+                    # a connection too broken to roll back is discarded by the pool
+                    with contextlib.suppress(Exception):
+                        await conn.execute("ROLLBACK")
+                raise
+            finally:
+                await cur.close()
 
     async def admit(self, request: Request, *, strategy: BuildStrategy,
                     base_uri: str | None, max_concurrent: int,
