@@ -1,0 +1,132 @@
+"""A queue's projects: named slices of a monorepo validated on their own (design §11).
+
+```yaml
+queues:
+  mono/main:
+    projects:
+      api:  {paths: ["services/api/**", "libs/common/**"]}
+      web:  {paths: ["web/**", "libs/common/**", "!web/docs/**"], promotion_ref: verified/web}
+      docs: {paths: ["docs/**"], blocking: false}
+    affected: {command: "bazel-diff ...", timeout: 5m}   # optional
+    backstop: 24h                                        # optional
+```
+
+Each project is validated in its own **scope**, named ``<queue>#<project>`` — a queue of
+its own to the pipeline (its Requests, builds, facts, last-green bookmark, culprit
+searches, greenness and alerts), never named by a person and never ingested: the queue's
+Requests plan which projects to build (`streams.stages.analyze`). ``#`` is not allowed in a
+queue name, so a scope's name never clashes with a queue's.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field, field_validator
+from pydantic.dataclasses import dataclass as spec_dataclass
+
+from streams.extensions.buildrunner import BuildRunnerSpec
+from streams.extensions.notify import SlackSpec, WebhookSpec
+from streams.extensions.sourcecontrol.gitrepo import BranchName
+from streams.schema.fields import SPEC, Duration, KindInfo, PositiveInt
+
+SCOPE_SEPARATOR = "#"
+MAX_PROJECT_NAME_LENGTH = 100
+MAX_PROJECTS = 1000
+_PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+DEFAULT_AFFECTED_TIMEOUT = timedelta(minutes=5)
+# changed paths one diff may list before the affected set is not worth computing: every
+# project is affected (a diff that large touches most of the repository anyway)
+DEFAULT_MAX_CHANGED_PATHS = 20000
+
+
+def validate_project_name(name: object) -> str:
+    """``name`` if it is a valid project name (1-100 of letters, digits, '.', '_', '-',
+    starting with a letter or digit), else ValueError saying why."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a project name is a non-empty string, got {name!r}")
+    if len(name) > MAX_PROJECT_NAME_LENGTH or not _PROJECT_NAME.fullmatch(name):
+        raise ValueError(f"invalid project name {name[:60]!r}: 1-{MAX_PROJECT_NAME_LENGTH} "
+                         f"ASCII letters, digits, '.', '_' and '-', starting with a letter "
+                         f"or digit")
+    return name
+
+
+def scope_name(queue: str, project: str) -> str:
+    """The scope validating ``project`` of ``queue``: ``<queue>#<project>``."""
+    return f"{queue}{SCOPE_SEPARATOR}{project}"
+
+
+def split_scope(name: str) -> tuple[str, str | None]:
+    """(queue, project) of a scope's name; (name, None) for a queue's own name."""
+    queue, sep, project = name.partition(SCOPE_SEPARATOR)
+    return (queue, project) if sep else (name, None)
+
+
+def project_of(name: str) -> str:
+    """The ``project`` key of the facts of queue or scope ``name``: '' for a queue (its
+    whole repository), the project for a scope."""
+    return split_scope(name)[1] or ""
+
+
+def _check_path_rule(rule: object) -> str:
+    if not isinstance(rule, str) or not rule.removeprefix("!").strip("/"):
+        raise ValueError(f"a path rule is a non-empty glob such as 'services/api/**' or an "
+                         f"exclusion such as '!services/api/docs/**', got {rule!r}")
+    if rule.startswith(("/", "!/")) or "\\" in rule or "\0" in rule:
+        raise ValueError(f"path rules are relative to the repository's root, with '/': "
+                         f"{rule!r}")
+    return rule
+
+
+PathRule = Annotated[str, BeforeValidator(_check_path_rule)]
+
+
+@spec_dataclass(frozen=True, config=SPEC)
+class AlertsSpec:
+    """A project's own alert channels (its owners'), instead of the queue's."""
+
+    webhook: WebhookSpec | None = None
+    slack: SlackSpec | None = None
+
+
+@spec_dataclass(frozen=True, config=SPEC)
+class ProjectSpec:
+    """One project: the paths it is made of (git pathspec-style globs, ``!`` excluding),
+    whether its red makes the whole repository red (``blocking: false`` — a project being
+    brought up — is validated and reported, never part of the queue's answer), its own
+    promotion ref, build runner and alert channels."""
+
+    paths: tuple[PathRule, ...] = Field(min_length=1)
+    blocking: bool = True
+    promotion_ref: BranchName | None = None
+    build_runner: Annotated[
+        BuildRunnerSpec,
+        Field(discriminator="kind"),
+        KindInfo("build_runner", "{kind: command, command: make -C services/api test}"),
+    ] | None = None
+    alerts: AlertsSpec | None = None
+
+    @field_validator("paths")
+    @classmethod
+    def _includes_something(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
+        if all(p.startswith("!") for p in paths):
+            raise ValueError("at least one path rule must include paths (not start with '!')")
+        return paths
+
+
+@spec_dataclass(frozen=True, config=SPEC)
+class AffectedSpec:
+    """How a queue tells which projects a change affects. ``command`` (optional) replaces
+    the projects' path rules: it runs in a checkout-free shell with STOVEPIPE_BASE_SHA and
+    STOVEPIPE_HEAD_SHA (and their URIs) set, in the repository's directory when it is a
+    local one, and prints the affected projects' names, one per line (or separated by
+    spaces or commas). It must answer within ``timeout``; a failure, a timeout or an
+    unknown name makes every project affected, with the reason recorded. A diff listing
+    more than ``max_changed_paths`` paths makes every project affected too."""
+
+    command: str | None = None
+    timeout: Duration = DEFAULT_AFFECTED_TIMEOUT
+    max_changed_paths: PositiveInt = DEFAULT_MAX_CHANGED_PATHS
