@@ -48,6 +48,13 @@ from streams.config.names import (
     UnknownQueue,
     validate_queue_name,
 )
+from streams.config.projects import (
+    MAX_PROJECTS,
+    AffectedSpec,
+    ProjectSpec,
+    scope_name,
+    validate_project_name,
+)
 from streams.config.webhooks import HostedPath, WebhooksConfig, load_webhooks
 from streams.extensions import ExtensionContext
 from streams.extensions.buildrunner import BuildRunner, BuildRunnerSpec
@@ -150,6 +157,16 @@ class QueueConfig:
     backfill: BackfillSpec = dataclasses.field(default_factory=BackfillSpec)
     notify: NotifySpec | None = None  # commit statuses and alerts; None: none
     webhook_repository: str | None = None  # what push webhooks name its repository by
+    # its projects (design §11), by name; none: the whole repository is validated as one
+    projects: Mapping[str, ProjectSpec] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({}))
+    affected: AffectedSpec = dataclasses.field(default_factory=AffectedSpec)
+    backstop: timedelta | None = None  # every project validated this often; None: never
+    # a project's scope: the queue and the project it validates (None: a queue)
+    scope_of: tuple[str, str] | None = None
+    # the queue whose build runner builds it (a scope without a runner of its own shares
+    # its queue's, and so its capacity); None: its own
+    shares_runner_of: str | None = None
 
     @property
     def status_channels(self) -> tuple[str, ...]:
@@ -160,6 +177,11 @@ class QueueConfig:
     def alert_channels(self) -> tuple[str, ...]:
         """The channels the queue's transition alerts go to (empty: none)."""
         return self.notify.alert_channels if self.notify is not None else ()
+
+    @property
+    def blocking_projects(self) -> tuple[str, ...]:
+        """The projects whose answer makes the queue's whole-repository answer."""
+        return tuple(name for name, spec in self.projects.items() if spec.blocking)
 
     def hosted_repository(self) -> str | None:
         """The repository's path as push webhooks name it (``acme/monorepo``): the
@@ -173,13 +195,17 @@ class QueuesConfig:
     path: Path
     queues: Mapping[str, QueueConfig]
     webhooks: WebhooksConfig = dataclasses.field(default_factory=WebhooksConfig)
+    # each project's scope (`<queue>#<project>`), by name
+    scopes: Mapping[str, QueueConfig] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({}))
 
     def get(self, name: str) -> QueueConfig:
-        """Raises UnknownQueue naming the queue and the file."""
-        try:
-            return self.queues[name]
-        except KeyError:
-            raise UnknownQueue(name, self.path, self.names()) from None
+        """The queue — or a project's scope — of that name. Raises UnknownQueue naming
+        the queue and the file."""
+        found = self.queues.get(name) or self.scopes.get(name)
+        if found is None:
+            raise UnknownQueue(name, self.path, self.names())
+        return found
 
     def names(self) -> tuple[str, ...]:
         """The queue names, in file order."""
@@ -197,7 +223,7 @@ class QueuesConfig:
 
 _KNOBS = ("max_concurrent", "gate_delay", "poll_delay_queued", "poll_delay_running",
           "poll_deadline", "start_deadline", "trigger_deadline", "retry", "backfill",
-          "webhook_repository")
+          "webhook_repository", "affected", "backstop")
 _EXTENSIONS = {
     "source_control": "{kind: fake, path: repo.json, repo: demo, ref: main}",
     "build_runner": "{kind: fake}",
@@ -235,6 +261,10 @@ class QueueFields(Section):
     ] | None = None
     # replaced whole, like source_control and build_runner
     notify: NotifySpec | None = None
+    # a queue's own (never in defaults): its projects, by name
+    projects: dict[str, ProjectSpec] | None = None
+    affected: AffectedSpec | None = None
+    backstop: Duration | None = None
 
     @field_validator("source_control", "build_runner", mode="before")
     @classmethod
@@ -294,7 +324,11 @@ class Extensions:
         return self._source_controls[queue]
 
     def build_runner(self, queue: str) -> BuildRunner:
-        """Raises UnknownQueue."""
+        """Raises UnknownQueue. A project's scope without a runner of its own builds on
+        its queue's: the same runner, so the same capacity."""
+        shared = self.config.get(queue).shares_runner_of
+        if shared is not None:
+            return self.build_runner(shared)
         if queue not in self._build_runners:
             self._build_runners[queue] = make_build_runner(self.config.get(queue),
                                                            self.database)
@@ -372,7 +406,10 @@ def load_queues(path: Path | str | None = None) -> QueuesConfig:
 
     if problems.items:
         raise QueueConfigError(file, problems.items)
-    return QueuesConfig(path=file, queues=MappingProxyType(queues), webhooks=webhooks)
+    scopes = {name: scope for queue in queues.values()
+              for name, scope in scope_configs(queue).items()}
+    return QueuesConfig(path=file, queues=MappingProxyType(queues), webhooks=webhooks,
+                        scopes=MappingProxyType(scopes))
 
 
 def _section(raw: Any, where: str, problems: Problems,
@@ -415,8 +452,66 @@ def _merge(name: str, where: str, entry: QueueFields, defaults: QueueFields,
         build_runner = dataclasses.replace(build_runner, repository=repository)
     knobs = {k: pick(k) for k in _KNOBS if pick(k) is not None}
     notify = _notify(pick("notify"), source_control, where, problems)
+    projects = _projects(entry.projects or {}, source_control, where, problems)
+    if projects is None:
+        return None
     return QueueConfig(name=name, source_control=source_control, build_runner=build_runner,
-                       notify=notify, **knobs)
+                       notify=notify, projects=MappingProxyType(projects), **knobs)
+
+
+def _projects(projects: dict[str, ProjectSpec], source_control: SourceControlSpec,
+              where: str, problems: Problems) -> dict[str, ProjectSpec] | None:
+    """The queue's projects, each build runner given the queue's repository when it checks
+    out code and names none; None after reporting a problem."""
+    if len(projects) > MAX_PROJECTS:
+        problems.add(f"{where}.projects", f"at most {MAX_PROJECTS} projects, got "
+                                          f"{len(projects)}")
+        return None
+    checked: dict[str, ProjectSpec] = {}
+    for name, spec in projects.items():
+        try:
+            validate_project_name(name)
+        except ValueError as exc:
+            problems.add(f"{where}.projects", str(exc))
+            return None
+        runner: Any = spec.build_runner  # the kinds that check out code have a repository
+        if runner is not None and runner.wants_repository and runner.repository is None:
+            repository = source_control.shared_repository()
+            if repository is None:
+                problems.add(f"{where}.projects.{name}.build_runner",
+                             "has no 'repository' and the queue's source_control is not git")
+                return None
+            spec = dataclasses.replace(
+                spec, build_runner=dataclasses.replace(runner, repository=repository))
+        checked[name] = spec
+    return checked
+
+
+def scope_configs(queue: QueueConfig) -> dict[str, QueueConfig]:
+    """The scope of each project of ``queue``, by name: the queue's knobs, its repository
+    with the project's promotion ref (none unless the project has one), the project's
+    build runner (else the queue's, shared), commit statuses named ``stovepipe/<project>``
+    and the project's alert channels (else the queue's)."""
+    scopes: dict[str, QueueConfig] = {}
+    for project, spec in queue.projects.items():
+        source_control = queue.source_control
+        if hasattr(source_control, "promotion_ref"):
+            source_control = dataclasses.replace(source_control,
+                                                 promotion_ref=spec.promotion_ref)
+        notify = queue.notify
+        if notify is not None and notify.github_status is not None:
+            notify = dataclasses.replace(notify, github_status=dataclasses.replace(
+                notify.github_status, context=f"stovepipe/{project}"))
+        if spec.alerts is not None:
+            notify = dataclasses.replace(notify or NotifySpec(), webhook=spec.alerts.webhook,
+                                         slack=spec.alerts.slack)
+        name = scope_name(queue.name, project)
+        scopes[name] = dataclasses.replace(
+            queue, name=name, source_control=source_control,
+            build_runner=spec.build_runner or queue.build_runner, notify=notify,
+            projects=MappingProxyType({}), backstop=None, scope_of=(queue.name, project),
+            shares_runner_of=None if spec.build_runner is not None else queue.name)
+    return scopes
 
 
 def _notify(notify: NotifySpec | None, source_control: SourceControlSpec, where: str,
