@@ -12,6 +12,21 @@ from datetime import datetime
 from enum import StrEnum
 
 REQUEST_ID_PREFIX = "request/"
+# a project P of a queue Q is validated in its scope `Q#P`, a queue of its own to the
+# pipeline ('#' is not allowed in a queue's name): its facts carry the project (design §11)
+SCOPE_SEPARATOR = "#"
+
+
+def split_scope(name: str) -> tuple[str, str | None]:
+    """(queue, project) of a scope's name; (name, None) for a queue's own name."""
+    queue, sep, project = name.partition(SCOPE_SEPARATOR)
+    return (queue, project) if sep else (name, None)
+
+
+def project_of(queue: str) -> str:
+    """The ``project`` of the facts of queue or scope ``queue``: '' for a queue (its whole
+    repository), the project for a scope."""
+    return split_scope(queue)[1] or ""
 # field metadata: the pipeline's own bookkeeping, left out of what users are shown
 INTERNAL = {"internal": True}
 

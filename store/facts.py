@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from store._base import Row, Store
-from store.entities import Order, ValidationFact, check_degree
+from store.entities import Order, ValidationFact, check_degree, project_of
 
 _COLUMNS = "queue, uri, project, degree, request_id, created_at, attempts, flaky"
 # first fact wins: one per Request, and one green per commit
@@ -22,19 +22,33 @@ _NEWEST_OF_COMMIT = (
     " ORDER BY request_rank(request_id) DESC LIMIT 1"
 )
 
-# the queue's green facts by their Requests' order (request_rank: ingest order, then the
-# place of a backfilled commit after its head), on index validation_fact_green_rank
-_GREEN = (f"SELECT {_COLUMNS} FROM validation_fact"
-          " WHERE queue = %(queue)s AND project = '' AND degree = 0")
-_GREEN_NEWEST_FIRST = _GREEN + " ORDER BY request_rank(request_id) DESC LIMIT %(limit)s"
-_GREEN_BELOW_NEWEST_FIRST = (_GREEN + " AND request_rank(request_id) < %(rank)s::bigint[]"
-                             " ORDER BY request_rank(request_id) DESC LIMIT %(limit)s")
-_GREEN_ABOVE_OLDEST_FIRST = (_GREEN + " AND request_rank(request_id) > %(rank)s::bigint[]"
-                             " ORDER BY request_rank(request_id) ASC LIMIT %(limit)s")
+# the green facts of a queue (or a project's scope) by their Requests' order (request_rank:
+# ingest order, then the place of a backfilled commit after its head), on index
+# validation_fact_green_rank for a queue, validation_fact_project_green_rank for a scope
+# (each query names its project's predicate literally, so a prepared plan still uses it)
+_GREEN = f"SELECT {_COLUMNS} FROM validation_fact WHERE queue = %(queue)s AND degree = 0"
+_OF_QUEUE = " AND project = ''"
+_OF_SCOPE = " AND project <> '' AND project = %(project)s"
+_NEWEST_FIRST = " ORDER BY request_rank(request_id) DESC LIMIT %(limit)s"
+_BELOW_NEWEST_FIRST = (" AND request_rank(request_id) < %(rank)s::bigint[]"
+                       " ORDER BY request_rank(request_id) DESC LIMIT %(limit)s")
+_ABOVE_OLDEST_FIRST = (" AND request_rank(request_id) > %(rank)s::bigint[]"
+                       " ORDER BY request_rank(request_id) ASC LIMIT %(limit)s")
+_GREEN_QUERIES = {
+    (scope, order): _GREEN + (_OF_SCOPE if scope else _OF_QUEUE) + order
+    for scope in (False, True)
+    for order in (_NEWEST_FIRST, _BELOW_NEWEST_FIRST, _ABOVE_OLDEST_FIRST)
+}
 
 
 def _fact(row: Row) -> ValidationFact:
     return ValidationFact(**row)
+
+
+def _project(queue: str, project: str | None) -> str:
+    """The facts' project: as given, else the queue's (a scope's project; '' for a
+    queue)."""
+    return project_of(queue) if project is None else project
 
 
 class FactStore(Store):
@@ -42,25 +56,27 @@ class FactStore(Store):
 
     entity = "validation_fact"
 
-    async def get(self, queue: str, uri: str, project: str = "") -> ValidationFact:
+    async def get(self, queue: str, uri: str, project: str | None = None) -> ValidationFact:
         """The commit's answer: the fact of its newest Request that has one (a commit
         validated again keeps every earlier fact). NotFound means "not validated", which
         is never green."""
-        key = {"queue": queue, "uri": uri, "project": project}
+        key = {"queue": queue, "uri": uri, "project": _project(queue, project)}
         return _fact(await self._get_row(_NEWEST_OF_COMMIT, key, key=key))
 
     async def of_request(self, queue: str, request_id: str,
-                         project: str = "") -> ValidationFact | None:
+                         project: str | None = None) -> ValidationFact | None:
         """The fact a Request recorded; None when it has none."""
-        key = {"queue": queue, "request_id": request_id, "project": project}
+        key = {"queue": queue, "request_id": request_id,
+               "project": _project(queue, project)}
         row = await self._fetch_one(
             f"SELECT {_COLUMNS} FROM validation_fact WHERE queue = %(queue)s"
             " AND request_id = %(request_id)s AND project = %(project)s", key, key=key)
         return _fact(row) if row is not None else None
 
-    async def of_commit(self, queue: str, uri: str, project: str = "") -> list[ValidationFact]:
+    async def of_commit(self, queue: str, uri: str,
+                        project: str | None = None) -> list[ValidationFact]:
         """Every fact of the commit, newest Request first."""
-        key = {"queue": queue, "uri": uri, "project": project}
+        key = {"queue": queue, "uri": uri, "project": _project(queue, project)}
         rows = await self._fetch_all(
             f"SELECT {_COLUMNS} FROM validation_fact"
             " WHERE queue = %(queue)s AND uri = %(uri)s AND project = %(project)s"
@@ -69,11 +85,12 @@ class FactStore(Store):
         return [_fact(row) for row in rows]
 
     async def create(
-        self, queue: str, uri: str, *, degree: float, request_id: str, project: str = ""
+        self, queue: str, uri: str, *, degree: float, request_id: str,
+        project: str | None = None
     ) -> ValidationFact:
         """Record a fact; AlreadyExists if one is present (it stays as it is), NotFound if
         the request does not exist, ValueError for a degree outside [0, 1]."""
-        key = {"queue": queue, "uri": uri, "project": project}
+        key = {"queue": queue, "uri": uri, "project": _project(queue, project)}
         return _fact(
             await self._insert(
                 _INSERT,
@@ -84,12 +101,13 @@ class FactStore(Store):
         )
 
     async def get_or_create(
-        self, queue: str, uri: str, *, degree: float, request_id: str, project: str = ""
+        self, queue: str, uri: str, *, degree: float, request_id: str,
+        project: str | None = None
     ) -> ValidationFact:
         """The stored fact, recording this one first if there is none. The caller compares
         the returned fact's request id with its own: a fact is never overwritten (the
         Request's own fact, else the commit's green fact that refused this one)."""
-        key = {"queue": queue, "uri": uri, "project": project}
+        key = {"queue": queue, "uri": uri, "project": _project(queue, project)}
         row = await self._fetch_one(
             _INSERT,
             {**key, "degree": check_degree(degree), "request_id": request_id},
@@ -105,23 +123,28 @@ class FactStore(Store):
                                limit: int) -> list[ValidationFact]:
         """The queue's green facts whose Request sorts before ``rank`` (a
         `store.request_order`; None: all), newest first; at most ``limit``."""
-        params = {"queue": queue, "rank": list(rank) if rank else None, "limit": limit}
+        project = project_of(queue)
+        params = {"queue": queue, "rank": list(rank) if rank else None, "limit": limit,
+                  "project": project}
         rows = await self._fetch_all(
-            _GREEN_NEWEST_FIRST if rank is None else _GREEN_BELOW_NEWEST_FIRST, params,
-            key={"queue": queue})
+            _GREEN_QUERIES[bool(project),
+                           _NEWEST_FIRST if rank is None else _BELOW_NEWEST_FIRST],
+            params, key={"queue": queue})
         return [_fact(row) for row in rows]
 
     async def green_newer_than(self, queue: str, rank: Order,
                                limit: int) -> list[ValidationFact]:
         """The queue's green facts whose Request sorts after ``rank``, oldest first (the
         branch's history order); at most ``limit``."""
-        rows = await self._fetch_all(_GREEN_ABOVE_OLDEST_FIRST,
-                                     {"queue": queue, "rank": list(rank), "limit": limit},
+        project = project_of(queue)
+        rows = await self._fetch_all(_GREEN_QUERIES[bool(project), _ABOVE_OLDEST_FIRST],
+                                     {"queue": queue, "rank": list(rank), "limit": limit,
+                                      "project": project},
                                      key={"queue": queue})
         return [_fact(row) for row in rows]
 
     async def of_requests(self, queue: str, request_ids: Sequence[str],
-                          project: str = "") -> dict[str, ValidationFact]:
+                          project: str | None = None) -> dict[str, ValidationFact]:
         """The facts these Requests recorded, by request id (one read of the primary
         key; a Request without a fact is absent)."""
         if not request_ids:
@@ -129,7 +152,7 @@ class FactStore(Store):
         rows = await self._fetch_all(
             f"SELECT {_COLUMNS} FROM validation_fact WHERE queue = %(queue)s"
             " AND request_id = ANY(%(ids)s) AND project = %(project)s",
-            {"queue": queue, "ids": list(request_ids), "project": project},
+            {"queue": queue, "ids": list(request_ids), "project": _project(queue, project)},
             key={"queue": queue})
         return {row["request_id"]: _fact(row) for row in rows}
 
@@ -141,7 +164,7 @@ class FactStore(Store):
         rows = await self._fetch_all(
             "SELECT EXTRACT(EPOCH FROM f.created_at - r.created_at)::float8 AS seconds"
             " FROM validation_fact f JOIN request r ON r.queue = f.queue AND r.id = f.request_id"
-            " WHERE f.queue = %(queue)s AND f.project = ''"
+            " WHERE f.queue = %(queue)s AND f.project = queue_project(f.queue)"
             " AND f.created_at >= now() - make_interval(secs => %(window)s)"
             " AND r.kind IN ('head', 'retry')"
             " ORDER BY f.created_at DESC LIMIT %(limit)s",

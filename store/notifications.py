@@ -108,7 +108,8 @@ WITH rule AS (
                > r.threshold * interval '1 second' AS stale
       FROM rule r JOIN queue q ON q.name = r.queue
       LEFT JOIN validation_fact f
-             ON f.queue = q.name AND f.uri = q.last_green_uri AND f.project = ''
+             ON f.queue = q.name AND f.uri = q.last_green_uri
+            AND f.project = queue_project(q.name)
       LEFT JOIN request n
              ON n.queue = q.name
             AND n.id = %(prefix)s || q.name || '/'
@@ -150,7 +151,8 @@ SELECT q.name AS queue,
            - COALESCE(request_seq(q.last_green_request_id), 0) AS heads_since_green
   FROM queue q
   LEFT JOIN validation_fact f
-         ON f.queue = q.name AND f.uri = q.last_green_uri AND f.project = ''
+         ON f.queue = q.name AND f.uri = q.last_green_uri
+            AND f.project = queue_project(q.name)
  WHERE q.name = ANY(%(queues)s::text[])
 """)
 

@@ -35,6 +35,7 @@ from store.entities import (
     ValidationFact,
     Verdict,
     check_degree,
+    project_of,
 )
 from store.errors import NotFound
 from store.requests import _request
@@ -429,13 +430,14 @@ class StepStore(Store):
         if it is still ``checked_bookmark`` (a backfilled commit moves it only when it
         descends from the bookmark, which the caller asked the repository about)."""
         row = await self._fetch_one(RECORD_FACT, {
-            "queue": queue, "uri": uri, "project": "", "degree": check_degree(degree),
+            "queue": queue, "uri": uri, "project": project_of(queue),
+            "degree": check_degree(degree),
             "request_id": request_id, "attempts": attempts, "flaky": flaky,
             "may_move": move_bookmark, "checked": check_bookmark,
             "checked_bookmark": checked_bookmark,
             "status_channels": list(status_channels),
             "alert_channels": list(alert_channels)},
-            key={"queue": queue, "uri": uri, "project": ""},
+            key={"queue": queue, "uri": uri, "project": project_of(queue)},
             request_key={"queue": queue, "id": request_id})
         if row is None:
             return Recorded(None, False)

@@ -19,6 +19,9 @@ pytestmark = pytest.mark.postgres
 
 TABLES = {
     "culprit_search",
+    "request_plan",
+    "project_answer",
+    "project_state",
     "commit_info",
     "greenness_change",
     "promotion_pin",

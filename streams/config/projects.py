@@ -27,12 +27,12 @@ from typing import Annotated
 from pydantic import BeforeValidator, Field, field_validator
 from pydantic.dataclasses import dataclass as spec_dataclass
 
+from store.entities import SCOPE_SEPARATOR
 from streams.extensions.buildrunner import BuildRunnerSpec
 from streams.extensions.notify import SlackSpec, WebhookSpec
 from streams.extensions.sourcecontrol.gitrepo import BranchName
 from streams.schema.fields import SPEC, Duration, KindInfo, PositiveInt
 
-SCOPE_SEPARATOR = "#"
 MAX_PROJECT_NAME_LENGTH = 100
 MAX_PROJECTS = 1000
 _PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -57,18 +57,6 @@ def validate_project_name(name: object) -> str:
 def scope_name(queue: str, project: str) -> str:
     """The scope validating ``project`` of ``queue``: ``<queue>#<project>``."""
     return f"{queue}{SCOPE_SEPARATOR}{project}"
-
-
-def split_scope(name: str) -> tuple[str, str | None]:
-    """(queue, project) of a scope's name; (name, None) for a queue's own name."""
-    queue, sep, project = name.partition(SCOPE_SEPARATOR)
-    return (queue, project) if sep else (name, None)
-
-
-def project_of(name: str) -> str:
-    """The ``project`` key of the facts of queue or scope ``name``: '' for a queue (its
-    whole repository), the project for a scope."""
-    return split_scope(name)[1] or ""
 
 
 def _check_path_rule(rule: object) -> str:

@@ -15,6 +15,7 @@ from streams.extensions.sourcecontrol.contract import (
     SourceControl,
     SourceControlError,
     TooManyCommits,
+    TooManyPaths,
     UnknownRef,
 )
 from streams.extensions.sourcecontrol.fake import FakeSourceControlSpec
@@ -33,6 +34,7 @@ __all__ = [
     "SourceControlError",
     "SourceControlSpec",
     "TooManyCommits",
+    "TooManyPaths",
     "UnknownRef",
     "commit_sha",
 ]

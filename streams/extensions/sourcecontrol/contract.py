@@ -59,6 +59,10 @@ class TooManyCommits(NotOnFirstParent):
     well be on the history, further back."""
 
 
+class TooManyPaths(SourceControlError):
+    """More paths changed between two commits than the caller would list."""
+
+
 @dataclass(frozen=True)
 class CommitInfo:
     """What a person recognises a commit by."""
@@ -122,6 +126,13 @@ class SourceControl(Protocol):
     async def describe(self, uris: Sequence[str]) -> list[CommitInfo]:
         """Subject, author, time and first parent of each commit the repository has
         (unknown ones are left out), in any order."""
+        ...
+
+    async def changed_paths(self, base_uri: str, head_uri: str, *, limit: int) -> list[str]:
+        """The paths (relative to the repository's root) whose content differs between
+        the two commits, a renamed file under both its names (git: ``diff --name-only
+        --no-renames base head``), in any order. TooManyPaths when more than ``limit``
+        differ; CommitNotFound when either commit is unknown."""
         ...
 
 

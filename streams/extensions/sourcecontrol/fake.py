@@ -37,6 +37,7 @@ from streams.extensions.sourcecontrol.contract import (
     PromotionMoved,
     SourceControlError,
     TooManyCommits,
+    TooManyPaths,
     UnknownRef,
     one_commit,
 )
@@ -176,6 +177,10 @@ class FakeSourceControl:
         await self._wait()
         return await asyncio.to_thread(self._commits_between, older_uri, newer_uri, limit)
 
+    async def changed_paths(self, base_uri: str, head_uri: str, *, limit: int) -> list[str]:
+        await self._wait()
+        return await asyncio.to_thread(self._changed_paths, base_uri, head_uri, limit)
+
     async def describe(self, uris: Sequence[str]) -> list[CommitInfo]:
         await self._wait()
         state = await asyncio.to_thread(self._state)
@@ -255,6 +260,28 @@ class FakeSourceControl:
             raise NotOnFirstParent(f"{older} is not on the first-parent history of {newer} "
                                    f"in fake repository {self.repo!r}")
         return [self._info(state, commit) for commit in reversed(walked)]
+
+    def _changed_paths(self, base_uri: str, head_uri: str, limit: int) -> list[str]:
+        """The paths the commits ``head`` reaches and ``base`` does not say they change
+        (a fake commit names its changed paths, `FakeRepo.push`'s ``paths``)."""
+        state = self._state()
+        base = self._known_sha(state, base_uri)
+        head = self._known_sha(state, head_uri)
+
+        def reachable(start: str) -> set[str]:
+            seen, todo = set(), [start]
+            while todo:
+                sha = todo.pop()
+                if sha not in seen:
+                    seen.add(sha)
+                    todo.extend(state.parents(sha))
+            return seen
+
+        changed = sorted({path for sha in reachable(head) - reachable(base)
+                          for path in state.commits[sha].get("paths", [])})
+        if len(changed) > limit:
+            raise TooManyPaths(f"more than {limit} paths differ between {base} and {head}")
+        return changed
 
     def _info(self, state: State, sha: str) -> CommitInfo:
         commit = state.commits[sha]

@@ -194,10 +194,11 @@ class FakeRepo:
         return sha
 
     def push(self, ref: str, *shas: str, time: datetime | None = None,
-             author: str | None = None, subjects: Mapping[str, str] | None = None) -> str:
+             author: str | None = None, subjects: Mapping[str, str] | None = None,
+             paths: Mapping[str, Sequence[str]] | None = None) -> str:
         """Append new commits on top of ``ref``'s head (or start it), each the child of the
         one before, and move ``ref`` to the last (``subjects`` by sha and ``author``
-        describe them). Returns the new head."""
+        describe them; ``paths`` by sha, the files each changes). Returns the new head."""
         if not shas:
             raise ValueError("push needs at least one commit")
         for sha in shas:
@@ -214,6 +215,8 @@ class FakeRepo:
                     state.commits[sha]["author"] = author
                 if subjects and sha in subjects:
                     state.commits[sha]["subject"] = subjects[sha]
+                if paths and sha in paths:
+                    state.commits[sha]["paths"] = list(paths[sha])
                 parent = sha
             state.refs[ref] = shas[-1]
             return shas[-1]

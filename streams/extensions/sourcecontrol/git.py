@@ -27,6 +27,7 @@ from streams.extensions.sourcecontrol.contract import (
     CommitNotFound,
     NotOnFirstParent,
     TooManyCommits,
+    TooManyPaths,
     UnknownRef,
     one_commit,
 )
@@ -188,6 +189,18 @@ class GitSourceControl:
             raise NotOnFirstParent(f"{older[:12]} is not on the first-parent history of "
                                    f"{newer[:12]} in {self.repository}")
         return [self._info(commit) for commit in reversed(logged)]
+
+    async def changed_paths(self, base_uri: str, head_uri: str, *, limit: int) -> list[str]:
+        base, head = self._sha(base_uri), self._sha(head_uri)
+        for sha, uri in ((base, base_uri), (head, head_uri)):
+            if not await self.repo.ensure_commit(sha, self.ref):
+                raise CommitNotFound(f"git repository {self.repository} has no commit {sha} "
+                                     f"(from {uri})")
+        paths = await self.repo.changed_paths(base, head)
+        if len(paths) > limit:
+            raise TooManyPaths(f"more than {limit} paths differ between {base[:12]} and "
+                               f"{head[:12]}")
+        return paths
 
     async def describe(self, uris: Sequence[str]) -> list[CommitInfo]:
         shas: list[str] = []

@@ -348,6 +348,18 @@ class GitRepository:
         return await self._log(["--first-parent", f"--max-count={limit}",
                                 f"{older}..{newer}"], f"log {older}..{newer}")
 
+    async def changed_paths(self, base: str, head: str) -> list[str]:
+        """``git diff --name-only --no-renames base head``: a rename is both its paths."""
+        result = await self.git("diff", "--name-only", "-z", "--no-renames",
+                                "--no-ext-diff", base, head, "--")
+        if result.code != 0:
+            for sha in (base, head):
+                if not await self.has_commit(sha):
+                    raise CommitNotFound(f"git repository {self.repository} has no commit "
+                                         f"{sha}")
+            raise _local_failure(self.repository, f"diff {base} {head}", result)
+        return [path for path in result.stdout.split("\0") if path]
+
     async def describe(self, shas: Sequence[str]) -> list[LoggedCommit]:
         """The commits ``shas`` names, which the repository must have (any order)."""
         if not shas:
