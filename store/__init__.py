@@ -6,6 +6,7 @@ commit together, the entities and enums, and `is_retryable` to classify failures
 
 from store.database import Database, Stores, Transaction
 from store.entities import (
+    SCOPE_SEPARATOR,
     Build,
     BuildStatus,
     BuildStrategy,
@@ -25,10 +26,12 @@ from store.entities import (
     commit_request_id,
     make_request_id,
     parse_request_id,
+    project_of,
     request_order,
     request_position,
     request_seq,
     request_validation,
+    split_scope,
 )
 from store.errors import (
     AlreadyExists,
@@ -42,6 +45,7 @@ from store.errors import (
 )
 
 __all__ = [
+    "SCOPE_SEPARATOR",
     "AlreadyExists",
     "AmbiguousKey",
     "Build",
@@ -72,8 +76,10 @@ __all__ = [
     "is_retryable",
     "make_request_id",
     "parse_request_id",
+    "project_of",
     "request_order",
     "request_position",
     "request_seq",
     "request_validation",
+    "split_scope",
 ]

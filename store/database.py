@@ -33,6 +33,7 @@ from store.ingest_leases import IngestLeaseStore
 from store.notifications import NotificationStore
 from store.parked import ParkedStore
 from store.pins import PinStore
+from store.projects import ProjectStore
 from store.queues import QueueStore
 from store.request_uris import RequestUriStore
 from store.requests import RequestStore
@@ -61,6 +62,7 @@ class Stores:
         self.culprit_searches = CulpritSearchStore(source)
         self.commit_infos = CommitInfoStore(source)
         self.pins = PinStore(source)
+        self.projects = ProjectStore(source)
 
 
 class _PoolSource:

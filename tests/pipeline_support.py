@@ -298,7 +298,8 @@ class Pipeline:
             else:
                 processing[queue] += 1
         facts = {r: (q, u, d) for q, u, d, r in self.query(
-            "SELECT queue, uri, degree, request_id FROM validation_fact WHERE project = '' "
+            "SELECT queue, uri, degree, request_id FROM validation_fact"
+            " WHERE project = queue_project(queue) "
             f"AND {only}", *params)}
         states = dict(self.query(f"SELECT id, state FROM request WHERE {only}", *params))
         greens_per_commit: dict[tuple[str, str], int] = defaultdict(int)

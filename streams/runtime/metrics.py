@@ -93,6 +93,13 @@ ATTEMPTS_ENDED = Counter(
     "validate the commit: no verdict), cancelled.",
     ["queue", "outcome"],
 )
+PROJECTS_PLANNED = Counter(
+    "stovepipe_projects_planned_total",
+    "Projects planned for Requests of queues with projects, by how: built (affected: a "
+    "build of the project) or inherited (unaffected: its nearest validated ancestor's "
+    "answer).",
+    ["queue", "how"],
+)
 REQUESTS_SETTLED = Counter(
     "stovepipe_requests_settled_total",
     "Requests that ended after admission, by outcome: green, red (a red fact), unvalidated "

@@ -19,7 +19,7 @@ from contract import BuildRequest, BuildSignal, Record, TopicKey
 from store import BuildStatus, Request, RequestState, VersionMismatch
 from streams.extensions.buildrunner import BuildRunnerError
 from streams.runtime import ACK, Hold, Outcome, RetryableError, metrics
-from streams.stages import attempts, loops
+from streams.stages import analyze, attempts, loops
 from streams.stages.deps import (
     Deps,
     StageContext,
@@ -58,6 +58,10 @@ async def handle_build(payload: BuildRequest, ctx: StageContext) -> Outcome:
                                      f"{payload.attempt}")
         return ACK  # an attempt that is over
 
+    config = deps.queue_config(request.queue)
+    if config.projects:
+        # a Request of a queue with projects builds each affected project in its scope
+        return await analyze.handle_parent(ctx, request, config)
     if attempt_build_id is not None:
         # a duplicate BuildRequest, or a redelivery after a crash between the row and the
         # publish below: (re)start the poll loop; a fresh publication takes the loop over

@@ -33,7 +33,7 @@ from streams.extensions.sourcecontrol import CommitNotFound, PromotionMoved
 from streams.runtime import ACK, Outcome, metrics
 from streams.runtime.classify import is_outage
 from streams.runtime.logs import bounded
-from streams.stages import culprits
+from streams.stages import analyze, culprits
 from streams.stages.deps import Deps, StageContext, is_stale, load_request
 from streams.stages.kit import (
     CAS_ATTEMPTS,
@@ -62,6 +62,7 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
             or request.unvalidated:
         if request.kind is RequestKind.BACKFILL:  # its search passes the commit by
             return await _find_culprit(ctx, request, None, moved=False)
+        await analyze.record_child_answer(ctx, request)  # a project's: its parent may end
         return ACK  # no verdict: no fact
     if request.state not in (RequestState.SUCCEEDED, RequestState.FAILED) \
             or request.verdict is None:
@@ -126,8 +127,19 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
             if not is_dependency_unavailable(exc) or ctx.waiting_for >= deadline:
                 raise
             return dependency_wait(ctx, exc, floor=1.0)
+    await analyze.record_child_answer(ctx, request)  # a project's: its parent may end
+    if _has_projects(deps, request.queue):
+        # its projects find their own culprits, each in its scope
+        return ACK
     return await _find_culprit(ctx, request, fact,
                                moved=fact.is_green and recorded.holds_bookmark)
+
+
+def _has_projects(deps: Deps, queue: str) -> bool:
+    try:
+        return bool(deps.queue_config(queue).projects)
+    except UnknownQueue:
+        return False
 
 
 async def _descends_from_bookmark(ctx: StageContext,

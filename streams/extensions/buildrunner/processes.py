@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from store.entities import split_scope
 from streams.extensions.sourcecontrol.gitrepo import (
     GIT_LOCATION_VARIABLES,
 )
@@ -51,6 +52,11 @@ if ! { git clone --quiet --shared --no-checkout -- "$source" "$state/checkout" &
   not_run
 fi
 cd "$state/checkout" || not_run
+if [ -n "$STOVEPIPE_BASE_SHA" ] &&
+   git diff --name-only --no-renames "$STOVEPIPE_BASE_SHA" "$sha" -- \
+       >"$state/changed_paths" 2>/dev/null; then
+  export STOVEPIPE_CHANGED_PATHS="$state/changed_paths"
+fi
 echo "stovepipe: running: $command" >&2
 sh -c "$command"
 finish $?
@@ -79,7 +85,9 @@ def build_environment(spec: Mapping[str, Any]) -> dict[str, str]:
            if k not in GIT_LOCATION_VARIABLES and not k.startswith("STOVEPIPE_")}
     env.update({
         "STOVEPIPE_BUILD_ID": spec["build_id"],
-        "STOVEPIPE_QUEUE": spec.get("queue", ""),
+        # a project's build (its scope `<queue>#<project>`) names its queue and project
+        "STOVEPIPE_QUEUE": split_scope(spec.get("queue", ""))[0],
+        "STOVEPIPE_PROJECT": split_scope(spec.get("queue", ""))[1] or "",
         "STOVEPIPE_REQUEST_ID": spec.get("request_id", ""),
         "STOVEPIPE_HEAD_URI": spec["head_uri"],
         "STOVEPIPE_HEAD_SHA": spec["head_sha"],

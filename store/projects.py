@@ -1,0 +1,167 @@
+"""ProjectStore: what a queue's Requests planned for its projects, and each project's
+answers (design §11). The SQL of the changes is `store.project_statements`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from store._base import Row, Store
+from store.entities import Request, project_of
+from store.project_statements import ANSWER_COLUMNS, ANSWER_FROM_FACT, BASES, COMPLETE, PLAN
+from store.requests import _request
+from store.statements import REQUEST_KEYS
+
+
+@dataclass(frozen=True)
+class ProjectBase:
+    """A project's newest verdict before a Request: its commit, Request and degree."""
+
+    uri: str
+    request_id: str
+    degree: float
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    queue: str
+    request_id: str
+    affected: tuple[str, ...]
+    reason: str
+    backstop: bool
+    completed: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class ProjectAnswer:
+    """A project's answer for a Request of its queue: built (its scope's fact) or
+    inherited from its nearest validated ancestor (``source_*``)."""
+
+    queue: str
+    request_id: str
+    project: str
+    uri: str
+    degree: float
+    inherited: bool
+    source_request_id: str
+    source_uri: str
+    flaky: bool
+    attempts: int
+    created_at: datetime
+
+    @property
+    def is_green(self) -> bool:
+        return self.degree == 0
+
+
+@dataclass(frozen=True)
+class Child:
+    """An affected project's Request to mint: in ``scope``, numbered as its parent."""
+
+    scope: str
+    request_id: str
+    strategy: str
+    base_uri: str | None
+
+
+@dataclass(frozen=True)
+class Completed:
+    """What completing a Request did: whether its plan is decided now (by this call or
+    before, the Request ended meanwhile), and the Request if this call settled it."""
+
+    decided: bool
+    request: Request | None
+
+
+def _plan(row: Row) -> RequestPlan:
+    return RequestPlan(**{**row, "affected": tuple(row["affected"])})
+
+
+class ProjectStore(Store):
+    entity = "request_plan"
+
+    async def bases(self, queue: str, projects: Sequence[str],
+                    request_id: str) -> dict[str, ProjectBase]:
+        """Each project's newest fact (in its scope) of a Request that sorts before
+        ``request_id``; a project without one is absent."""
+        rows = await self._fetch_all(BASES, {"queue": queue, "projects": list(projects),
+                                             "request_id": request_id},
+                                     key={"queue": queue})
+        return {row["project"]: ProjectBase(row["uri"], row["request_id"], row["degree"])
+                for row in rows}
+
+    async def plan_of(self, queue: str, request_id: str) -> RequestPlan | None:
+        row = await self._fetch_one(
+            "SELECT queue, request_id, affected, reason, backstop, completed, created_at"
+            " FROM request_plan WHERE queue = %(queue)s AND request_id = %(request_id)s",
+            {"queue": queue, "request_id": request_id}, key={"queue": queue})
+        return _plan(row) if row is not None else None
+
+    async def last_backstop(self, queue: str) -> datetime | None:
+        """When the queue's newest backstop was planned (None: never)."""
+        row = await self._fetch_one(
+            "SELECT created_at FROM request_plan WHERE queue = %(queue)s AND backstop"
+            " ORDER BY created_at DESC LIMIT 1", {"queue": queue}, key={"queue": queue})
+        return row["created_at"] if row is not None else None
+
+    async def plan(self, request: Request, *, affected: Sequence[str], reason: str,
+                   backstop: bool, children: Sequence[Child],
+                   inherited: Mapping[str, ProjectBase],
+                   status_channels: Mapping[str, Sequence[str]]) -> bool:
+        """Write ``request``'s plan, its children (admitted, each taking its scope's slot)
+        and its inherited answers, in one statement — only while the Request is
+        `processing` and has no plan yet. False when it wrote nothing (another delivery
+        planned first, or the Request ended). ``status_channels`` by scope: where each
+        child's `pending` status goes."""
+        projects = list(inherited)
+        status = [(scope, channel) for scope, channels in status_channels.items()
+                  for channel in channels]
+        row = await self._fetch_one(PLAN, {
+            "queue": request.queue, "request_id": request.id, "affected": list(affected),
+            "reason": reason, "backstop": backstop,
+            "scopes": [c.scope for c in children],
+            "child_ids": [c.request_id for c in children],
+            "strategies": [c.strategy for c in children],
+            "bases": [c.base_uri for c in children],
+            "inherited": projects, "degrees": [inherited[p].degree for p in projects],
+            "sources": [inherited[p].request_id for p in projects],
+            "source_uris": [inherited[p].uri for p in projects],
+            "status_scopes": [s for s, _ in status], "status_channels": [c for _, c in status],
+        }, key={"queue": request.queue, "id": request.id},
+            request_key={"queue": request.queue, "id": request.id})
+        assert row is not None
+        return bool(row["planned"])
+
+    async def answer_from_fact(self, queue: str, request_id: str, child: Request) -> None:
+        """The answer of ``child`` (a project's Request) for its parent ``request_id``:
+        its fact, once record wrote it (idempotent; nothing without a fact)."""
+        await self._fetch_one(ANSWER_FROM_FACT + " RETURNING project", {
+            "queue": queue, "request_id": request_id, "scope": child.queue,
+            "child_id": child.id, "project": project_of(child.queue)},
+            key={"queue": queue, "id": request_id})
+
+    async def answers(self, queue: str, request_id: str) -> dict[str, ProjectAnswer]:
+        rows = await self._fetch_all(
+            f"SELECT {ANSWER_COLUMNS} FROM project_answer"
+            " WHERE queue = %(queue)s AND request_id = %(request_id)s",
+            {"queue": queue, "request_id": request_id}, key={"queue": queue})
+        return {row["project"]: ProjectAnswer(**row) for row in rows}
+
+    async def complete(self, queue: str, request_id: str, *,
+                       children: Mapping[str, str], blocking: Sequence[str],
+                       status_channels: Sequence[str]) -> Completed:
+        """Decide Request ``request_id`` from its projects' answers once every child
+        (``children``: request id by project) ended and every one with a verdict has its
+        answer: settled, its slot released, in one statement. Not decided while a child
+        is still going on."""
+        row = await self._fetch_one(COMPLETE, {
+            "queue": queue, "request_id": request_id,
+            "child_projects": list(children), "child_ids": list(children.values()),
+            "blocking": list(blocking), "status_channels": list(status_channels)},
+            key={"queue": queue, "id": request_id})
+        assert row is not None
+        settled = (_request({k: row[k] for k in REQUEST_KEYS})
+                   if row["id"] is not None else None)
+        return Completed(bool(row["completed"]), settled)

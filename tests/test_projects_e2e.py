@@ -1,0 +1,90 @@
+"""Issue 24 on a real worker, broker, database and git repository, with command builds:
+a monorepo's projects are built when their paths change and inherit their answer
+otherwise; the whole repository is red only for a blocking project's red."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.monorepo_support import QUEUE, Monorepo, add_projects_queue, answers
+from tests.pipeline_support import Pipeline
+
+pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
+
+
+def _settle(pipeline: Pipeline, request_id: str) -> str:
+    pipeline.wait_terminal([request_id], timeout=180)
+    pipeline.wait_quiet(timeout=180)
+    return pipeline.states()[request_id]
+
+
+def _whole(pipeline: Pipeline, request_id: str) -> float | None:
+    rows = pipeline.query("SELECT degree FROM validation_fact WHERE queue = %s"
+                          " AND request_id = %s AND project = ''", QUEUE, request_id)
+    return rows[0][0] if rows else None
+
+
+def test_projects_are_built_when_touched_and_inherit_otherwise(
+        pipeline: Pipeline, tmp_path: Path) -> None:
+    repo = Monorepo(tmp_path)
+    add_projects_queue(pipeline, repo)
+    repo.commit("c1", {**repo.outcome("api", "green"), **repo.outcome("web", "green"),
+                       **repo.outcome("docs", "green"), "libs/common/lib.txt": "1\n"})
+    pipeline.start_worker()
+
+    # no project has a verdict yet: every one is built, each in its scope
+    r1 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r1) == "succeeded"
+    assert repo.built("c1") == {"api", "web", "docs"}
+    assert answers(pipeline, r1) == {"api": (0.0, False), "web": (0.0, False),
+                                     "docs": (0.0, False)}
+    assert _whole(pipeline, r1) == 0.0
+    # each project's fact is keyed (scope, commit, project)
+    assert sorted(pipeline.query(
+        "SELECT queue, project, degree FROM validation_fact WHERE uri = %s AND project <> ''",
+        repo.uri("c1"))) == [(f"{QUEUE}#api", "api", 0.0), (f"{QUEUE}#docs", "docs", 0.0),
+                             (f"{QUEUE}#web", "web", 0.0)]
+
+    # a change to web only (its docs are excluded from it): only web is built
+    repo.commit("c2", {"web/app.js": "1\n", "web/docs/guide.md": "x\n"})
+    r2 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r2) == "succeeded"
+    assert repo.built("c2") == {"web"}
+    assert answers(pipeline, r2) == {"api": (0.0, True), "web": (0.0, False),
+                                     "docs": (0.0, True)}
+    # the build was told what changed since its base
+    changed = (repo.out / f"changed-web-{repo.shas['c2']}").read_text().split()
+    assert sorted(changed) == ["web/app.js", "web/docs/guide.md"]
+
+    # the shared library touches api and web, not docs; api breaks: the whole repo is red
+    repo.commit("c3", {"libs/common/lib.txt": "2\n", **repo.outcome("api", "red")})
+    r3 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r3) == "failed"
+    assert repo.built("c3") == {"api", "web"}
+    assert answers(pipeline, r3) == {"api": (1.0, False), "web": (0.0, False),
+                                     "docs": (0.0, True)}
+    assert _whole(pipeline, r3) == 1.0
+    assert pipeline.request(r3)["request"]["reason"] == "red: api"
+
+    # docs (bring-up, not blocking) breaks; api is still red by inheritance: red
+    repo.commit("c4", repo.outcome("docs", "red"))
+    r4 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r4) == "failed"
+    assert repo.built("c4") == {"docs"}
+    assert answers(pipeline, r4) == {"api": (1.0, True), "web": (0.0, True),
+                                     "docs": (1.0, False)}
+
+    # api is fixed: the whole repository is green although docs stays red
+    repo.commit("c5", repo.outcome("api", "green"))
+    r5 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r5) == "succeeded"
+    assert repo.built("c5") == {"api"}
+    assert answers(pipeline, r5) == {"api": (0.0, False), "web": (0.0, True),
+                                     "docs": (1.0, True)}
+    assert _whole(pipeline, r5) == 0.0
+    shown = pipeline.queue(QUEUE)
+    assert shown["last_green_request_id"] == r5
+    assert pipeline.invariant_violations(strict_bookmark=True) == []
+    assert pipeline.dead_letters() == 0
