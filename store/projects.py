@@ -56,6 +56,27 @@ class ProjectAnswer:
         return self.degree == 0
 
 
+_STATE_COLUMNS = ("queue, project, last_green_request_id, last_green_uri, pinned_uri,"
+                  " pinned_request_id, pinned_by, pinned_reason, pinned_at, version")
+
+
+@dataclass(frozen=True)
+class ProjectState:
+    """A project's last-green bookmark (the newest Request of its queue at which it is
+    green, built or inherited; moves forward only) and its promotion ref's pin."""
+
+    queue: str
+    project: str
+    last_green_request_id: str | None = None
+    last_green_uri: str | None = None
+    pinned_uri: str | None = None
+    pinned_request_id: str | None = None
+    pinned_by: str | None = None
+    pinned_reason: str | None = None
+    pinned_at: datetime | None = None
+    version: int = 0
+
+
 @dataclass(frozen=True)
 class Child:
     """An affected project's Request to mint: in ``scope``, numbered as its parent."""
@@ -141,6 +162,20 @@ class ProjectStore(Store):
             "queue": queue, "request_id": request_id, "scope": child.queue,
             "child_id": child.id, "project": project_of(child.queue)},
             key={"queue": queue, "id": request_id})
+
+    async def state(self, queue: str, project: str) -> ProjectState:
+        """The project's last-green bookmark and pin (all None before its first green)."""
+        row = await self._fetch_one(
+            f"SELECT {_STATE_COLUMNS} FROM project_state"
+            " WHERE queue = %(queue)s AND project = %(project)s",
+            {"queue": queue, "project": project}, key={"queue": queue, "project": project})
+        return ProjectState(**row) if row is not None else ProjectState(queue, project)
+
+    async def states(self, queue: str) -> dict[str, ProjectState]:
+        rows = await self._fetch_all(
+            f"SELECT {_STATE_COLUMNS} FROM project_state WHERE queue = %(queue)s",
+            {"queue": queue}, key={"queue": queue})
+        return {row["project"]: ProjectState(**row) for row in rows}
 
     async def answers(self, queue: str, request_id: str) -> dict[str, ProjectAnswer]:
         rows = await self._fetch_all(

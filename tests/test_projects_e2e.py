@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.monorepo_support import QUEUE, Monorepo, add_projects_queue, answers
+from tests.monorepo_support import QUEUE, Monorepo, add_projects_queue, answers, git
 from tests.pipeline_support import Pipeline
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
@@ -86,5 +86,12 @@ def test_projects_are_built_when_touched_and_inherit_otherwise(
     assert _whole(pipeline, r5) == 0.0
     shown = pipeline.queue(QUEUE)
     assert shown["last_green_request_id"] == r5
+    # each project's bookmark: its newest Request green, built or inherited
+    assert dict(pipeline.query("SELECT project, last_green_request_id FROM project_state"
+                               " WHERE queue = %s", QUEUE)) == {
+        "api": r5, "web": r5, "docs": r3}
+    # web's own promotion ref follows web's bookmark, verified-main the whole repository's
+    assert git(repo.work, "rev-parse", "verified/web") == repo.shas["c5"]
+    assert git(repo.work, "rev-parse", "verified-main") == repo.shas["c5"]
     assert pipeline.invariant_violations(strict_bookmark=True) == []
     assert pipeline.dead_letters() == 0

@@ -28,6 +28,7 @@ from store import (
     VersionMismatch,
     request_order,
 )
+from streams.config.projects import scope_name
 from streams.config.queues import UnknownQueue
 from streams.extensions.sourcecontrol import CommitNotFound, PromotionMoved
 from streams.runtime import ACK, Outcome, metrics
@@ -63,6 +64,8 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
         if request.kind is RequestKind.BACKFILL:  # its search passes the commit by
             return await _find_culprit(ctx, request, None, moved=False)
         await analyze.record_child_answer(ctx, request)  # a project's: its parent may end
+        if _has_projects(deps, request.queue):  # its projects' refs move all the same
+            return await _promote_projects(ctx, request)
         return ACK  # no verdict: no fact
     if request.state not in (RequestState.SUCCEEDED, RequestState.FAILED) \
             or request.verdict is None:
@@ -130,9 +133,47 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
     await analyze.record_child_answer(ctx, request)  # a project's: its parent may end
     if _has_projects(deps, request.queue):
         # its projects find their own culprits, each in its scope
-        return ACK
+        return await _promote_projects(ctx, request)
     return await _find_culprit(ctx, request, fact,
                                moved=fact.is_green and recorded.holds_bookmark)
+
+
+async def _promote_projects(ctx: StageContext, request: Request) -> Outcome:
+    """Move each project's promotion ref to ``request``'s commit while the project's
+    bookmark names ``request`` and the project is not pinned — by compare-and-set on the
+    ref, which is read before the bookmark (as `_promote`), so a ref never goes back. A
+    repository that does not answer is waited out up to the trigger deadline."""
+    deps: Deps = ctx.deps
+    config = deps.queue_config(request.queue)
+    try:
+        for project, spec in config.projects.items():
+            if spec.promotion_ref is None:
+                continue
+            source_control = deps.extensions.source_control(scope_name(request.queue,
+                                                                       project))
+            for _ in range(CAS_ATTEMPTS):
+                target = await source_control.promotion_target()
+                state = await deps.db.projects.state(request.queue, project)
+                if state.last_green_request_id != request.id or state.pinned_uri:
+                    break  # a newer green Request promotes it, or it is held
+                if target == request.uri:
+                    break
+                try:
+                    await source_control.promote(request.uri, expected=target)
+                    break
+                except PromotionMoved:
+                    continue
+                except CommitNotFound as exc:
+                    metrics.PROMOTION_SKIPPED.labels(queue=request.queue).inc()
+                    ctx.log.warning("promotion_skipped project=%s uri=%s error=%s", project,
+                                    request.uri, exc)
+                    break
+    except Exception as exc:
+        if not is_dependency_unavailable(exc) or ctx.waiting_for >= _trigger_deadline(
+                deps, request.queue):
+            raise
+        return dependency_wait(ctx, exc, floor=1.0)
+    return ACK
 
 
 def _has_projects(deps: Deps, queue: str) -> bool:
