@@ -95,3 +95,120 @@ def test_projects_are_built_when_touched_and_inherit_otherwise(
     assert git(repo.work, "rev-parse", "verified-main") == repo.shas["c5"]
     assert pipeline.invariant_violations(strict_bookmark=True) == []
     assert pipeline.dead_letters() == 0
+
+
+def test_a_red_project_finds_its_own_culprit_in_its_scope(pipeline: Pipeline,
+                                                           tmp_path: Path) -> None:
+    """One push of five commits in which the third breaks api (and web changes too): api is
+    red, web green; api's culprit is found by bisecting api's scope only (its probes build
+    api alone), and the whole repository's red names no search of its own."""
+    repo = Monorepo(tmp_path)
+    add_projects_queue(pipeline, repo, backfill={"mode": "bisect", "max_builds": 6})
+    repo.commit("c0", {**repo.outcome("api", "green"), **repo.outcome("web", "green"),
+                       **repo.outcome("docs", "green")})
+    pipeline.start_worker()
+    r0 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r0) == "succeeded"
+
+    repo.commit("c1", {"services/api/a.txt": "1\n"})
+    repo.commit("c2", {"web/w.txt": "1\n"})
+    repo.commit("c3", {**repo.outcome("api", "red")})
+    repo.commit("c4", {"services/api/a.txt": "2\n"})
+    repo.commit("c5", {"web/w.txt": "2\n"})
+    head = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, head) == "failed"
+    assert answers(pipeline, head) == {"api": (1.0, False), "web": (0.0, False),
+                                       "docs": (0.0, True)}
+
+    def search() -> tuple[str, str | None, str]:
+        rows = pipeline.query("SELECT state, culprit_uri, queue FROM culprit_search")
+        return rows[0] if rows else ("none", None, "")
+
+    from tests.waiting import wait_until
+    wait_until(lambda: search()[0] not in ("none", "bisecting"), timeout=180,
+               what="api's culprit search to end")
+    state, culprit, scope = search()
+    assert (state, culprit, scope) == ("found", repo.uri("c3"), f"{QUEUE}#api")
+    pipeline.wait_quiet(timeout=180)
+    # every probe built api only
+    probes = [line for line in repo.started_lines() if "~" in line[2]]
+    assert probes and {line[1] for line in probes} == {"api"}
+    assert pipeline.query("SELECT count(*) FROM culprit_search WHERE queue = %s",
+                          QUEUE) == [(0,)]
+
+
+def _plan(pipeline: Pipeline, request_id: str) -> tuple[list[str], str]:
+    [(affected, reason)] = pipeline.query(
+        "SELECT affected, reason FROM request_plan WHERE queue = %s AND request_id = %s",
+        QUEUE, request_id)
+    return sorted(affected), reason
+
+
+def test_a_history_rewrite_affects_every_project_and_says_why(pipeline: Pipeline,
+                                                              tmp_path: Path) -> None:
+    repo = Monorepo(tmp_path)
+    add_projects_queue(pipeline, repo)
+    repo.commit("c1", {**repo.outcome("api", "green"), **repo.outcome("web", "green"),
+                       **repo.outcome("docs", "green")})
+    pipeline.start_worker()
+    r1 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r1) == "succeeded"
+    repo.commit("c2", {"web/w.txt": "1\n"})
+    r2 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r2) == "succeeded"
+    assert _plan(pipeline, r2) == (["web"], "")
+
+    # the branch is rewritten: a new root commit, touching docs only
+    git(repo.work, "checkout", "-q", "--orphan", "rewritten")
+    repo.commit("x1", {**repo.outcome("api", "green"), **repo.outcome("web", "green"),
+                       **repo.outcome("docs", "green"), "docs/new.md": "x\n"})
+    git(repo.work, "branch", "-q", "-f", "main", "rewritten")
+    git(repo.work, "checkout", "-q", "main")
+    r3 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r3) == "succeeded"
+    affected, reason = _plan(pipeline, r3)
+    assert affected == ["api", "docs", "web"]
+    assert reason.startswith("history rewrite: the base ") and "not an ancestor" in reason
+    assert repo.built("x1") == {"api", "web", "docs"}
+
+
+def test_an_affected_command_names_the_projects_and_its_failure_affects_every_one(
+        pipeline: Pipeline, tmp_path: Path) -> None:
+    """The queue's `affected` command replaces the path rules: it is given the base and
+    head (and the changed paths) and names projects; when it fails, every project is
+    affected with the reason."""
+    repo = Monorepo(tmp_path)
+    answer = tmp_path / "affected-answer"
+    seen = tmp_path / "affected-seen"
+    command = (f'echo "$STOVEPIPE_BASE_SHA $STOVEPIPE_HEAD_SHA" >> {seen}; '
+               f'cat "$STOVEPIPE_CHANGED_PATHS" >> {seen}; cat {answer}')
+    add_projects_queue(pipeline, repo, affected={"command": command, "timeout": "20s"})
+    repo.commit("c1", {**repo.outcome("api", "green"), **repo.outcome("web", "green"),
+                       **repo.outcome("docs", "green")})
+    pipeline.start_worker()
+    r1 = pipeline.ingest(QUEUE)  # no base yet: every project, the command not asked
+    assert _settle(pipeline, r1) == "succeeded"
+    assert not seen.exists()
+
+    answer.write_text("docs\n")  # whatever changed, the command says docs
+    repo.commit("c2", {"web/w.txt": "1\n"})
+    r2 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r2) == "succeeded"
+    assert _plan(pipeline, r2) == (["docs"], "")
+    assert repo.built("c2") == {"docs"}
+    assert seen.read_text().split() == [repo.shas["c1"], repo.shas["c2"], "web/w.txt"]
+
+    answer.write_text("nosuchproject\n")
+    repo.commit("c3", {"web/w.txt": "2\n"})
+    r3 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r3) == "succeeded"
+    assert _plan(pipeline, r3) == (
+        ["api", "docs", "web"], "the affected command named unknown projects: nosuchproject")
+
+    answer.unlink()  # cat fails: exit status 1
+    repo.commit("c4", {"web/w.txt": "3\n"})
+    r4 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r4) == "succeeded"
+    affected, reason = _plan(pipeline, r4)
+    assert affected == ["api", "docs", "web"]
+    assert reason.startswith("the affected command failed (exit status 1)")
