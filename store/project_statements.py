@@ -173,20 +173,6 @@ WITH plan AS (
                        version = q.version + 1, updated_at = now()
       FROM settled s WHERE q.name = %(queue)s
     RETURNING q.name
-), bookmarks AS (
-    /* each project green at R (built or inherited): its bookmark moves forward to R */
-    INSERT INTO project_state AS s (queue, project, last_green_request_id, last_green_uri)
-    SELECT %(queue)s, a.project, %(request_id)s, (SELECT uri FROM request
-                                                  WHERE queue = %(queue)s
-                                                    AND id = %(request_id)s)
-      FROM answer a WHERE a.degree = 0 AND EXISTS (SELECT 1 FROM judged)
-    ON CONFLICT (queue, project) DO UPDATE
-       SET last_green_request_id = EXCLUDED.last_green_request_id,
-           last_green_uri = EXCLUDED.last_green_uri,
-           version = s.version + 1, updated_at = now()
-     WHERE s.last_green_request_id IS NULL
-        OR request_rank(s.last_green_request_id)
-           < request_rank(EXCLUDED.last_green_request_id)
 ), completed AS (
     UPDATE request_plan SET completed = true
      WHERE queue = %(queue)s AND request_id = %(request_id)s

@@ -56,14 +56,25 @@ class ProjectAnswer:
         return self.degree == 0
 
 
-_STATE_COLUMNS = ("queue, project, last_green_request_id, last_green_uri, pinned_uri,"
-                  " pinned_request_id, pinned_by, pinned_reason, pinned_at, version")
+_STATE_COLUMNS = ("s.queue, s.project, g.request_id AS last_green_request_id,"
+                  " g.uri AS last_green_uri, p.pinned_uri, p.pinned_request_id, p.pinned_by,"
+                  " p.pinned_reason, p.pinned_at, COALESCE(p.version, 0) AS version")
+# a project's bookmark is its newest green answer (index project_answer_green), its pin is
+# in project_state
+_STATE = (f"SELECT {_STATE_COLUMNS}"
+          " FROM unnest(%(projects)s::text[]) AS x(project)"
+          " CROSS JOIN LATERAL (SELECT %(queue)s::text AS queue, x.project) AS s"
+          " LEFT JOIN LATERAL (SELECT request_id, uri FROM project_answer"
+          "                    WHERE queue = s.queue AND project = s.project AND degree = 0"
+          "                    ORDER BY request_rank(request_id) DESC LIMIT 1) AS g ON true"
+          " LEFT JOIN project_state p ON p.queue = s.queue AND p.project = s.project")
 
 
 @dataclass(frozen=True)
 class ProjectState:
-    """A project's last-green bookmark (the newest Request of its queue at which it is
-    green, built or inherited; moves forward only) and its promotion ref's pin."""
+    """A project's last-green bookmark — the newest Request of its queue at which it is
+    green, built or inherited: its newest green answer, so it only moves forward — and its
+    promotion ref's pin."""
 
     queue: str
     project: str
@@ -164,17 +175,13 @@ class ProjectStore(Store):
             key={"queue": queue, "id": request_id})
 
     async def state(self, queue: str, project: str) -> ProjectState:
-        """The project's last-green bookmark and pin (all None before its first green)."""
-        row = await self._fetch_one(
-            f"SELECT {_STATE_COLUMNS} FROM project_state"
-            " WHERE queue = %(queue)s AND project = %(project)s",
-            {"queue": queue, "project": project}, key={"queue": queue, "project": project})
-        return ProjectState(**row) if row is not None else ProjectState(queue, project)
+        """The project's last-green bookmark and pin."""
+        return (await self.states(queue, [project]))[project]
 
-    async def states(self, queue: str) -> dict[str, ProjectState]:
-        rows = await self._fetch_all(
-            f"SELECT {_STATE_COLUMNS} FROM project_state WHERE queue = %(queue)s",
-            {"queue": queue}, key={"queue": queue})
+    async def states(self, queue: str, projects: Sequence[str]) -> dict[str, ProjectState]:
+        """Each project's last-green bookmark and pin (one index probe each)."""
+        rows = await self._fetch_all(_STATE, {"queue": queue, "projects": list(projects)},
+                                     key={"queue": queue})
         return {row["project"]: ProjectState(**row) for row in rows}
 
     async def answers(self, queue: str, request_id: str) -> dict[str, ProjectAnswer]:

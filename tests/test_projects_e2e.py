@@ -87,8 +87,10 @@ def test_projects_are_built_when_touched_and_inherit_otherwise(
     shown = pipeline.queue(QUEUE)
     assert shown["last_green_request_id"] == r5
     # each project's bookmark: its newest Request green, built or inherited
-    assert dict(pipeline.query("SELECT project, last_green_request_id FROM project_state"
-                               " WHERE queue = %s", QUEUE)) == {
+    assert dict(pipeline.query(
+        "SELECT DISTINCT ON (project) project, request_id FROM project_answer"
+        " WHERE queue = %s AND degree = 0"
+        " ORDER BY project, request_rank(request_id) DESC", QUEUE)) == {
         "api": r5, "web": r5, "docs": r3}
     # web's own promotion ref follows web's bookmark, verified-main the whole repository's
     assert git(repo.work, "rev-parse", "verified/web") == repo.shas["c5"]

@@ -24,9 +24,12 @@
 -- A Request's answers are its planned facts: the Request is done when every planned
 -- project has one (or could not be validated).
 --
--- project_state: per queue and project, the last-green bookmark (the newest Request of
--- the queue at which the project is green, directly or by inheritance; moves forward
--- only), and the project's promotion ref pin.
+-- A project's last-green bookmark is its newest green answer (project_answer_green): the
+-- newest Request of the queue at which it is green, built or inherited. Answers are only
+-- ever added, so it only moves forward; reading it costs one index probe and deciding a
+-- Request writes no bookmark row per project.
+--
+-- project_state: per queue and project, the project's promotion ref pin.
 
 CREATE FUNCTION queue_project(queue text) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
@@ -139,8 +142,6 @@ CREATE TRIGGER project_answer_no_truncate BEFORE TRUNCATE ON project_answer
 CREATE TABLE project_state (
     queue                 text        NOT NULL,
     project               text        NOT NULL,
-    last_green_request_id text,
-    last_green_uri        text,
     pinned_uri            text,
     pinned_request_id     text,
     pinned_by             text,
@@ -149,8 +150,6 @@ CREATE TABLE project_state (
     version               integer     NOT NULL DEFAULT 1,
     updated_at            timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (queue, project),
-    CONSTRAINT project_state_bookmark_whole
-        CHECK ((last_green_request_id IS NULL) = (last_green_uri IS NULL)),
     CONSTRAINT project_state_pin_whole
         CHECK ((pinned_uri IS NULL) = (pinned_request_id IS NULL))
 );
