@@ -41,8 +41,10 @@ WITH parent AS (
     SELECT id, uri FROM request
      WHERE queue = %(queue)s AND id = %(request_id)s AND state = 'processing'
 ), plan AS (
-    INSERT INTO request_plan (queue, request_id, affected, reason, backstop)
-    SELECT %(queue)s, id, %(affected)s::text[], %(reason)s, %(backstop)s FROM parent
+    INSERT INTO request_plan (queue, request_id, affected, reason, backstop,
+                              rules_unaffected)
+    SELECT %(queue)s, id, %(affected)s::text[], %(reason)s, %(backstop)s,
+           %(rules_unaffected)s::text[] FROM parent
     ON CONFLICT (queue, request_id) DO NOTHING
     RETURNING request_id
 ), child AS (

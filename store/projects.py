@@ -30,6 +30,7 @@ class RequestPlan:
     affected: tuple[str, ...]
     reason: str
     backstop: bool
+    rules_unaffected: tuple[str, ...]
     completed: bool
     created_at: datetime
 
@@ -108,7 +109,8 @@ class Completed:
 
 
 def _plan(row: Row) -> RequestPlan:
-    return RequestPlan(**{**row, "affected": tuple(row["affected"])})
+    return RequestPlan(**{**row, "affected": tuple(row["affected"]),
+                          "rules_unaffected": tuple(row["rules_unaffected"])})
 
 
 class ProjectStore(Store):
@@ -126,7 +128,8 @@ class ProjectStore(Store):
 
     async def plan_of(self, queue: str, request_id: str) -> RequestPlan | None:
         row = await self._fetch_one(
-            "SELECT queue, request_id, affected, reason, backstop, completed, created_at"
+            "SELECT queue, request_id, affected, reason, backstop, rules_unaffected,"
+            " completed, created_at"
             " FROM request_plan WHERE queue = %(queue)s AND request_id = %(request_id)s",
             {"queue": queue, "request_id": request_id}, key={"queue": queue})
         return _plan(row) if row is not None else None
@@ -139,7 +142,8 @@ class ProjectStore(Store):
         return row["created_at"] if row is not None else None
 
     async def plan(self, request: Request, *, affected: Sequence[str], reason: str,
-                   backstop: bool, children: Sequence[Child],
+                   backstop: bool, rules_unaffected: Sequence[str],
+                   children: Sequence[Child],
                    inherited: Mapping[str, ProjectBase],
                    status_channels: Mapping[str, Sequence[str]]) -> bool:
         """Write ``request``'s plan, its children (admitted, each taking its scope's slot)
@@ -153,6 +157,7 @@ class ProjectStore(Store):
         row = await self._fetch_one(PLAN, {
             "queue": request.queue, "request_id": request.id, "affected": list(affected),
             "reason": reason, "backstop": backstop,
+            "rules_unaffected": list(rules_unaffected),
             "scopes": [c.scope for c in children],
             "child_ids": [c.request_id for c in children],
             "strategies": [c.strategy for c in children],

@@ -30,6 +30,8 @@ echo "$STOVEPIPE_HEAD_SHA $STOVEPIPE_PROJECT $STOVEPIPE_REQUEST_ID $STOVEPIPE_QU
 if [ -n "${{STOVEPIPE_CHANGED_PATHS:-}}" ]; then
   cp "$STOVEPIPE_CHANGED_PATHS" "$out/changed-$STOVEPIPE_PROJECT-$STOVEPIPE_HEAD_SHA"
 fi
+# a file outside every project's paths that breaks one (what wrong path rules miss)
+if [ -e "config/break-$STOVEPIPE_PROJECT" ]; then exit 1; fi
 outcome=$(cat "$dir/outcome" 2>/dev/null || echo green)
 case "$outcome" in
   hold:*)

@@ -214,3 +214,40 @@ def test_an_affected_command_names_the_projects_and_its_failure_affects_every_on
     affected, reason = _plan(pipeline, r4)
     assert affected == ["api", "docs", "web"]
     assert reason.startswith("the affected command failed (exit status 1)")
+
+
+def test_a_backstop_builds_every_project_and_reports_a_red_the_rules_missed(
+        pipeline: Pipeline, tmp_path: Path) -> None:
+    """api's build reads config/, which its path rules leave out: a change there that
+    breaks api is missed (api inherits green) until the backstop builds every project,
+    finds api red, and says the rules said it was unaffected."""
+    repo = Monorepo(tmp_path)
+    add_projects_queue(pipeline, repo, backstop="1h")
+    repo.commit("c1", {**repo.outcome("api", "green"), **repo.outcome("web", "green"),
+                       **repo.outcome("docs", "green")})
+    pipeline.start_worker()
+    r1 = pipeline.ingest(QUEUE)  # the first Request is a backstop: there was none
+    assert _settle(pipeline, r1) == "succeeded"
+    assert pipeline.query("SELECT backstop FROM request_plan WHERE request_id = %s",
+                          r1) == [(True,)]
+
+    repo.commit("c2", {"config/break-api": "x\n"})
+    r2 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r2) == "succeeded"  # the rules miss it: nothing is built
+    assert repo.built("c2") == set()
+    assert answers(pipeline, r2)["api"] == (0.0, True)
+
+    # an hour later (the last backstop's time set back): the next Request is a backstop
+    pipeline.execute("UPDATE request_plan SET created_at = created_at - interval '2 hours'"
+                     " WHERE queue = %s AND backstop", QUEUE)
+    repo.commit("c3", {"README.md": "x\n"})
+    r3 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r3) == "failed"
+    assert repo.built("c3") == {"api", "web", "docs"}
+    [(backstop, unaffected, reason)] = pipeline.query(
+        "SELECT backstop, rules_unaffected, reason FROM request_plan WHERE request_id = %s",
+        r3)
+    assert backstop and sorted(unaffected) == ["api", "docs", "web"]
+    assert reason.startswith("backstop: every project is validated every 3600s")
+    assert answers(pipeline, r3)["api"] == (1.0, False)
+    assert "backstop_red_where_unaffected project=api" in pipeline.full_logs()

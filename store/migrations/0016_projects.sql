@@ -15,7 +15,9 @@
 --   reason     when every project is affected for a reason of the whole head (a history
 --              rewrite, a base the repository lacks, the affected command failing, a diff
 --              too large, a backstop), that reason; '' otherwise;
---   backstop   whether this plan was a backstop (every project validated regardless);
+--   backstop   whether this plan was a backstop (every project validated regardless,
+--              to catch wrong path rules): rules_unaffected names the projects the rules
+--              would not have built;
 --   completed  the Request's whole-repository outcome was decided from its projects'.
 --
 -- project_answer: each project's answer for a Request of its queue — its own fact (the
@@ -102,6 +104,9 @@ CREATE TABLE request_plan (
     affected   text[]      NOT NULL,
     reason     text        NOT NULL DEFAULT '',
     backstop   boolean     NOT NULL DEFAULT false,
+    -- a backstop's: the projects the path rules (or the affected command) said were
+    -- unaffected; one of them red at the backstop means the rules are wrong
+    rules_unaffected text[] NOT NULL DEFAULT '{}',
     completed  boolean     NOT NULL DEFAULT false,
     created_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (queue, request_id),

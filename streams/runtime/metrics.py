@@ -100,6 +100,12 @@ PROJECTS_PLANNED = Counter(
     "answer).",
     ["queue", "how"],
 )
+BACKSTOP_MISSES = Counter(
+    "stovepipe_backstop_misses_total",
+    "Projects a backstop found red although the path rules (or the affected command) said "
+    "they were unaffected: the rules miss a dependency.",
+    ["queue", "project"],
+)
 REQUESTS_SETTLED = Counter(
     "stovepipe_requests_settled_total",
     "Requests that ended after admission, by outcome: green, red (a red fact), unvalidated "

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from contract import BuildRequest, Record, TopicKey
-from store import Request, RequestState, split_scope
+from store import Request, RequestState, Verdict, split_scope
 from store.projects import Child, ProjectBase
 from streams.config.projects import scope_name
 from streams.config.queues import QueueConfig, UnknownQueue
@@ -106,37 +106,40 @@ class _Planned:
     plan: Plan
     bases: Mapping[str, ProjectBase]
     backstop: bool
+    rules_unaffected: tuple[str, ...] = ()  # a backstop's: what the rules would not build
 
 
 async def _compute(deps: Deps, request: Request, config: QueueConfig) -> _Planned:
     """Each project's base, the changes from each base to the head, and the plan."""
     projects = list(config.projects)
     bases = await deps.db.projects.bases(request.queue, projects, request.id)
-    backstop = await _backstop_due(deps, request.queue, config)
-    everything = (f"backstop: every project is validated every "
-                  f"{seconds(config.backstop):.0f}s" if backstop and config.backstop else "")
     source_control = deps.extensions.source_control(request.queue)
     changes: dict[str, Changes] = {}
     named: dict[str, frozenset[str]] | None = None
-    if not everything:
-        for uri in sorted({base.uri for base in bases.values()}):
-            changes[uri] = await _changes(source_control, uri, request.uri,
-                                          config.affected.max_changed_paths)
-        if config.affected.command and not any(c.paths is None for c in changes.values()):
-            named = {}
-            for uri, change in changes.items():
-                found = await run_affected_command(config, uri, request.uri, change,
-                                                   source_control)
-                if isinstance(found, str):
-                    everything = found
-                    break
-                named[uri] = found
+    everything = ""
+    for uri in sorted({base.uri for base in bases.values()}):
+        changes[uri] = await _changes(source_control, uri, request.uri,
+                                      config.affected.max_changed_paths)
+    if config.affected.command and not any(c.paths is None for c in changes.values()):
+        named = {}
+        for uri, change in changes.items():
+            found = await run_affected_command(config, uri, request.uri, change,
+                                               source_control)
+            if isinstance(found, str):
+                everything = found
+                break
+            named[uri] = found
     plan = plan_projects(
         {p: PathRules(spec.paths) for p, spec in config.projects.items()},
         {p: (Base(b.uri, b.request_id, b.degree) if (b := bases.get(p)) else None)
          for p in projects},
         changes, named=named, everything=everything)
-    return _Planned(plan, bases, backstop=backstop)
+    if config.backstop is not None and await _backstop_due(deps, request.queue, config):
+        # every project regardless — remembering which the rules would have left alone
+        why = f"backstop: every project is validated every {seconds(config.backstop):.0f}s"
+        return _Planned(Plan(dict.fromkeys(projects, why), everything=why), bases,
+                        backstop=True, rules_unaffected=tuple(sorted(plan.inherited)))
+    return _Planned(plan, bases, backstop=False)
 
 
 async def _backstop_due(deps: Deps, queue: str, config: QueueConfig) -> bool:
@@ -233,7 +236,8 @@ async def _write(deps: Deps, request: Request, config: QueueConfig,
                  for p, b in plan.inherited.items()}
     wrote = await deps.db.projects.plan(
         request, affected=sorted(plan.affected), reason=plan.everything,
-        backstop=planned.backstop, children=children, inherited=inherited,
+        backstop=planned.backstop, rules_unaffected=planned.rules_unaffected,
+        children=children, inherited=inherited,
         status_channels=statuses)
     if not wrote:
         return []
@@ -271,4 +275,13 @@ async def record_child_answer(ctx: StageContext, child: Request) -> None:
         return  # a culprit probe of the scope: no parent
     parent_id = child.id.replace(f"{queue}#{project}/", f"{queue}/", 1)
     await ctx.deps.db.projects.answer_from_fact(queue, parent_id, child)
+    if child.verdict is Verdict.RED:
+        plan = await ctx.deps.db.projects.plan_of(queue, parent_id)
+        if plan is not None and plan.backstop and project in plan.rules_unaffected:
+            # the path rules said it was not affected: they are wrong, or a dependency
+            # outside its paths broke it
+            metrics.BACKSTOP_MISSES.labels(queue=queue, project=project).inc()
+            ctx.log.warning("backstop_red_where_unaffected project=%s request_id=%s: the "
+                            "path rules said this project was unaffected", project,
+                            child.id)
     await decide(ctx, queue, parent_id)
