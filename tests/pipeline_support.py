@@ -412,7 +412,9 @@ class Pipeline:
         tables = {"queue": "name", "request": "queue, id", "request_uri": "queue, uri",
                   "build": "queue, id", "validation_fact": "queue, uri, project",
                   "queue_counter": "queue", "parked_message": "id",
-                  "command_build": "build_id"}
+                  "command_build": "build_id", "request_plan": "queue, request_id",
+                  "project_answer": "queue, request_id, project",
+                  "project_state": "queue, project"}
         return {t: self.query(f"SELECT * FROM {t} ORDER BY {order}")
                 for t, order in tables.items()}
 

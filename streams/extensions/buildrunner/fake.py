@@ -11,6 +11,7 @@ URI, whatever the URI scheme — read as ``-``-separated tokens, e.g. ``c7-queue
 
 - no token: ``succeeded`` from the first poll;
 - ``fail``: ends ``failed`` instead of ``succeeded``;
+- ``failfor<project>``: a build of that project (its scope's) fails, others pass;
 - ``queuedN``: ``accepted`` for the first N seconds after the trigger;
 - ``slowN``: then ``running`` for N seconds, then the outcome;
 - ``hang``: then ``running`` forever;
@@ -66,7 +67,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic.dataclasses import dataclass as spec_dataclass
 
-from store.entities import BuildStatus
+from store.entities import BuildStatus, split_scope
 from streams.extensions import ExtensionContext
 from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
 from streams.schema.fields import SPEC, ConfigPath, Duration
@@ -102,10 +103,15 @@ class Behaviour:
     status_flaky: bool = False
 
     @classmethod
-    def of(cls, head_uri: str) -> Behaviour:
+    def of(cls, head_uri: str, project: str = "") -> Behaviour:
+        """The behaviour of a build of ``head_uri`` (of ``project``, for a project's
+        build: ``failfor<project>`` fails that project's builds only)."""
         sha = head_uri.rpartition("/")[2]
         fields: dict[str, Any] = {}
         for token in sha.split("-"):
+            if project and token == f"failfor{project}":
+                fields["fail"] = True
+                continue
             timed = _TIMED_TOKEN.fullmatch(token)
             latch = _LATCH_TOKEN.fullmatch(token)
             trigger_latch = _TRIGGER_LATCH_TOKEN.fullmatch(token)
@@ -158,10 +164,14 @@ class FakeBuild:
     base_uri: str | None
     triggered_at: float  # epoch seconds
     nonce: str
+    project: str = ""  # a project's build (its scope's), else ''
 
     def build_id(self) -> str:
-        body = json.dumps({"head": self.head_uri, "base": self.base_uri,
-                           "t": self.triggered_at}, separators=(",", ":"))
+        fields: dict[str, Any] = {"head": self.head_uri, "base": self.base_uri,
+                                  "t": self.triggered_at}
+        if self.project:
+            fields["p"] = self.project
+        body = json.dumps(fields, separators=(",", ":"))
         encoded = base64.urlsafe_b64encode(body.encode()).decode().rstrip("=")
         return f"{BUILD_ID_PREFIX}{encoded}-{self.nonce}"
 
@@ -174,12 +184,14 @@ class FakeBuild:
                 raise ValueError("bad prefix or nonce")
             raw = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
             head, base, t = raw["head"], raw["base"], raw["t"]
+            project = raw.get("p", "")
             if not (isinstance(head, str) and head and (base is None or isinstance(base, str))
-                    and isinstance(t, int | float) and not isinstance(t, bool)):
+                    and isinstance(t, int | float) and not isinstance(t, bool)
+                    and isinstance(project, str)):
                 raise ValueError("bad fields")
         except (ValueError, TypeError, KeyError, binascii.Error):
             raise BuildRunnerError(f"not a fake build id: {build_id!r}") from None
-        return cls(head, base, float(t), nonce)
+        return cls(head, base, float(t), nonce, project)
 
 
 @spec_dataclass(frozen=True, config=SPEC)
@@ -231,7 +243,9 @@ class FakeBuildRunner:
         if behaviour.trigger_error:
             raise BuildRunnerError(f"fake runner: trigger of {head_uri} rejected "
                                    f"(triggererror)")
-        new_id = FakeBuild(head_uri, base_uri, self._clock(), secrets.token_hex(8)).build_id()
+        project = split_scope(metadata.get("queue", ""))[1] or ""
+        new_id = FakeBuild(head_uri, base_uri, self._clock(), secrets.token_hex(8),
+                           project).build_id()
         key = metadata.get("trigger_key", "")
         if key and self.state_dir is not None:
             return await asyncio.to_thread(self._build_of_key, self.state_dir, key, new_id)
@@ -241,7 +255,7 @@ class FakeBuildRunner:
         await self._wait("status")
         await self._reachable("status", build_id)
         build = FakeBuild.parse(build_id)
-        behaviour = Behaviour.of(build.head_uri)
+        behaviour = Behaviour.of(build.head_uri, build.project)
         if behaviour.status_retry:
             raise BuildRunnerError(f"fake runner: status of {build_id} unavailable "
                                    f"(statusretry)", retryable=True)
