@@ -432,7 +432,9 @@ async def advance(deps: Deps, publish: Publisher, queue: str,
             candidate_uri=(commits[step.candidate] if step.candidate is not None
                            and not step.state.ended else None),
             wake_in=tally.wake_in if step.state is SearchState.BISECTING else None)
-        if found:
+        if found and step.unconfirmed is not Unconfirmed.FIXED:
+            # a break named after the branch went green again is not alerted: the green
+            # alert went out already, and the streak is over
             await _announce(deps, tx, search)
     for request in started:
         # after the commit: a probe published is a probe written; one never published is
