@@ -138,6 +138,26 @@ def test_a_confirmed_culprit_is_the_break_the_head_is_red_for(
         assert step.culprit is None and not step.confirmed
 
 
+def test_every_range_of_up_to_nine_commits_every_budget() -> None:
+    """Enumerated: every pattern of breaks and fixes among up to 9 commits between the
+    green end and the red head, every max_builds from 1 to 12, retry.red 0 and 1: a
+    culprit named is a break, a confirmed one the newest, and the builds never exceed
+    max_builds."""
+    for length in range(10):
+        for bits in range(2 ** length):
+            verdicts = [True, *((bits >> k) & 1 == 1 for k in range(length)), False]
+            for per_probe in (1, 2):
+                for max_builds in range(1, 13):
+                    run = _run(verdicts, max_builds=max_builds, per_probe=per_probe)
+                    assert run.ran <= max_builds
+                    culprit = run.step.culprit
+                    if culprit is not None:
+                        assert not verdicts[culprit] and verdicts[culprit - 1]
+                        assert not run.step.confirmed or culprit == newest_break(verdicts)
+                    if max_builds >= length * per_probe:
+                        assert run.step.confirmed and culprit == newest_break(verdicts)
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.booleans(), min_size=0, max_size=40), st.integers(1, 3))
 def test_a_budget_for_every_commit_confirms_the_heads_break_with_the_fewest_builds(
