@@ -47,6 +47,9 @@ class ProbeRecord:
     verdict: str | None
     ran: int
     changed_ago: float
+    # it could not validate its commit for a cause building again would not change (a
+    # refused trigger, a checkout that fails): probing it again is pointless
+    permanent: bool = False
 
     @property
     def in_flight(self) -> bool:
@@ -224,7 +227,8 @@ class CulpritSearchStore(Store):
             "SELECT r.id AS request_id, r.uri, r.state, r.verdict,"
             " (SELECT count(*) FROM build b WHERE b.queue = r.queue"
             "   AND b.request_id = r.id AND b.verdict IS NOT NULL)::int AS ran,"
-            " EXTRACT(EPOCH FROM now() - r.updated_at)::float8 AS changed_ago"
+            " EXTRACT(EPOCH FROM now() - r.updated_at)::float8 AS changed_ago,"
+            " COALESCE(r.unvalidated_cause = 'permanent', false) AS permanent"
             " FROM request r WHERE r.queue = %(queue)s AND r.id = ANY(%(ids)s)",
             {"queue": queue, "ids": list(request_ids)}, key={"queue": queue})
         return {row["request_id"]: ProbeRecord(**row) for row in rows}

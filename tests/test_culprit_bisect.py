@@ -364,6 +364,16 @@ def test_tally_counts_only_builds_that_ran_and_keeps_room_for_re_runs() -> None:
     assert (bound.passed, bound.waiting, bound.wake_in) == (frozenset({2}), frozenset(), None)
 
 
+def test_a_probe_that_can_never_validate_its_commit_passes_it_by_at_once() -> None:
+    """Issue 23, items 3 and 4: a probe whose trigger was refused (a permanent cause) is
+    not tried again `unvalidated_probes` times: its commit is passed by at once."""
+    spec = BackfillSpec(mode="bisect", unvalidated_probes=5)
+    refused = ProbeRecord(request_id="p/1~2", uri="b", state="failed", verdict=None, ran=0,
+                          changed_ago=1, permanent=True)
+    tally = tally_probes(["g", "a", "b", "r"], [refused], spec, per_probe=1)
+    assert (tally.passed, tally.waiting, tally.wake_in) == (frozenset({2}), frozenset(), None)
+
+
 def _request(request_id: str, uri: str, state: RequestState = RequestState.SUCCEEDED,
              verdict: Verdict | None = Verdict.GREEN) -> Request:
     return Request(queue="q", id=request_id, uri=uri, state=state, build_strategy=None,

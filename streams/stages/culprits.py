@@ -473,10 +473,11 @@ def tally_probes(commits: Sequence[str], probes: Iterable[ProbeRecord], spec: Ba
     flight keeps room for every build it may still run (``per_probe``: 1 + retry.red).
     A probe that ended without a verdict leaves its commit unknown: it is probed again
     after `probe_again_after`, until ``spec.unvalidated_probes`` of its probes could not
-    validate it."""
+    validate it — or at once when one could not for a permanent cause."""
     index_of = {uri: i for i, uri in enumerate(commits)}
     ran = reserved = in_flight = 0
     failures: dict[int, list[float]] = {}
+    permanent: set[int] = set()  # a probe could not validate it for good: passed by at once
     probed: set[str] = set()
     for probe in probes:
         probed.add(probe.uri)
@@ -486,9 +487,11 @@ def tally_probes(commits: Sequence[str], probes: Iterable[ProbeRecord], spec: Ba
             reserved += max(per_probe - probe.ran, 0)
         elif probe.unvalidated and probe.uri in index_of:
             failures.setdefault(index_of[probe.uri], []).append(probe.changed_ago)
+            if probe.permanent:
+                permanent.add(index_of[probe.uri])
     passed, waiting, due = set(), set(), []
     for index, ended_ago in failures.items():
-        if len(ended_ago) >= spec.unvalidated_probes:
+        if index in permanent or len(ended_ago) >= spec.unvalidated_probes:
             passed.add(index)
             continue
         due_in = probe_again_after(spec, len(ended_ago)) - min(ended_ago)
