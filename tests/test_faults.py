@@ -170,6 +170,34 @@ def test_the_broker_killed_mid_run_and_an_ingest_during_its_outage(
     assert outage_log < 200_000  # rate-limited: not a line per reconnect attempt
 
 
+def test_a_two_minute_broker_outage_keeps_the_worker_live(
+        stack: ThrowawayStack, pipeline: Pipeline) -> None:
+    """Issue 25, item 3: the broker SIGKILLed for two minutes while deliveries wait it out
+    in place: /livez answers 200 every time it is asked — a liveness probe must never
+    restart a worker for an outage it cannot cure — although the outage lasts far longer
+    than the liveness bound (20 s here); /readyz stays 200 (the database answers)."""
+    refs = _held_queues(pipeline, "l")
+    port = free_ports(1)[0]
+    pipeline.start_worker(web_port=port, env={"STOVEPIPE_LIVENESS_STUCK_AFTER": "20"})
+    _wait_healthy(port)
+    _fill(pipeline, refs, "L")
+
+    stack.kill_kafka()
+    pipeline.release("L")  # builds end while the broker is away: their handlers wait
+    answers: list[tuple[int, int]] = []
+    ends = time.monotonic() + 2 * OUTAGE
+    while time.monotonic() < ends:
+        answers.append((_api(port, "GET", "/livez", timeout=10)[0],
+                        _api(port, "GET", "/readyz", timeout=10)[0]))
+        _outage(1.0)  # one probe a second, as a kubelet asks
+    stack.up()
+    _settled_after(pipeline, time.monotonic())
+    assert len(answers) > 60
+    assert {live for live, _ in answers} == {200}, answers
+    assert {ready for _, ready in answers} == {200}, answers
+    _assert_recovered(pipeline)
+
+
 def test_the_database_killed_mid_run(stack: ThrowawayStack, pipeline: Pipeline) -> None:
     refs = _held_queues(pipeline, "d")
     pipeline.start_worker()

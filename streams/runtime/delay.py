@@ -28,7 +28,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from streams.runtime import headers as h
-from streams.runtime import metrics
+from streams.runtime import liveness, metrics
 from streams.runtime.policy import choose_tier, tier_wake_time
 
 log = logging.getLogger("stovepipe.delay")
@@ -75,6 +75,7 @@ async def produce_until_acked(producer: AIOKafkaProducer, topic: str, *, key: by
             log.warning("produce_failed topic=%s what=%s error=%r retry_in=%.1fs",
                         topic, what, exc, backoff)
             await asyncio.sleep(backoff)
+            liveness.tick()  # the broker is what fails: waiting for it is progress
             backoff = min(backoff * 2, 5.0)
 
 

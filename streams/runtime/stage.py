@@ -23,7 +23,7 @@ from google.protobuf.message import Message
 
 from contract import MalformedPayload, marshal, unmarshal
 from streams.runtime import headers as h
-from streams.runtime import metrics, timings
+from streams.runtime import liveness, metrics, timings
 from streams.runtime.classify import is_backpressure, is_outage, outcome_of_exception
 from streams.runtime.delay import DelayTiers, produce_until_acked, send_later
 from streams.runtime.logs import bounded
@@ -142,8 +142,13 @@ class Delivery(Generic[D]):
         self.publish = publish
         self.park = park
         self.deps = deps
+        self.progress = liveness.Progress()  # what the liveness probe judges
 
     async def deliver(self, stage: Stage[Any], msg: Incoming) -> None:
+        with self.progress.delivering(stage.key, f"{msg.topic}:{msg.partition}:{msg.offset}"):
+            await self._deliver(stage, msg)
+
+    async def _deliver(self, stage: Stage[Any], msg: Incoming) -> None:
         started = time.perf_counter()
         was_due = h.get_int(msg.headers, h.WAS_DUE_MS)
         if was_due:  # a held message, back from the delay scheduler
@@ -199,6 +204,7 @@ class Delivery(Generic[D]):
                                        "error=%s retry_in=%.1fs", stage.key, waited,
                                        _describe(exc), backoff)
                 await asyncio.sleep(backoff)
+                liveness.tick()  # waiting out an outage is progress: no restart helps
                 waited += backoff
                 backoff = min(backoff * 2, OUTAGE_MAX_BACKOFF)
             finally:
@@ -396,6 +402,7 @@ async def _until_done(step: Callable[[], Awaitable[None]], *, what: str,
         except Exception as exc:  # noqa: BLE001 - giving up would lose the message
             log.warning("%s_failed error=%r retry_in=%.1fs", what, exc, backoff)
             await asyncio.sleep(backoff)
+            liveness.tick()
             backoff = min(backoff * 2, 10.0)
 
 

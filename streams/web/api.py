@@ -33,6 +33,11 @@
     POST /webhooks/github                a GitHub push webhook (streams/web/webhooks.py)
     POST /webhooks/gitlab                a GitLab push webhook
     GET  /health                         200 when started and the database answers
+    GET  /livez                          200 unless a delivery made no progress past the
+                                         bound (never because Kafka or PostgreSQL is down)
+    GET  /readyz                         200 when the API and gate can answer now
+    GET  /startupz                       200 once migrations and topics were verified and
+                                         the runtime started
     GET  /  and  /dashboard              the dashboard page (streams/web/dashboard/)
 
 Queue names and request ids contain '/'. Both may be written as they are or URL-encoded
@@ -70,6 +75,7 @@ import faust
 from aiohttp import web
 from faust.web import View
 
+from streams.runtime import liveness
 from streams.runtime.stage import Delivery
 from streams.runtime.worker import RuntimeService
 from streams.stages.deps import Deps
@@ -144,7 +150,8 @@ async def json_errors(request: web.Request,
 
 
 def _is_api(path: str) -> bool:
-    return path.startswith(("/api/", "/webhooks/")) or path in ("/api", "/health")
+    return path.startswith(("/api/", "/webhooks/")) or path in (
+        "/api", "/health", "/livez", "/readyz", "/startupz")
 
 
 # --- the API ----------------------------------------------------------------------------
@@ -267,6 +274,33 @@ class Api(Reads):
         body["status"] = "ok" if healthy else "unavailable"
         return json_answer(body, status=200 if healthy else 503)
 
+    async def livez(self, request: web.Request) -> web.Response:
+        """Liveness: whether this process can make progress (`streams.runtime.liveness`)
+        — never whether the broker or the database answers. 503 names the deliveries
+        stuck past the bound."""
+        delivery = self.runtime.delivery
+        stuck = delivery.progress.stuck(liveness.stuck_after()) if delivery else []
+        body: dict[str, Any] = {
+            "status": "stuck" if stuck else "ok",
+            "underway": delivery.progress.underway if delivery else 0,
+            "stuck": [{"stage": s.stage, "message": s.what, "for_s": round(s.for_s, 1)}
+                      for s in stuck[:20]]}
+        return json_answer(body, status=503 if stuck else 200)
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        """Readiness: whether the API and the gate can answer now — the runtime started
+        and the database answered within `HEALTH_DEADLINE`."""
+        return await self.health(request)
+
+    async def startupz(self, request: web.Request) -> web.Response:
+        """Startup: the migrations and topics were verified (the worker checks both
+        before it joins its group, and stops when they are not) and the runtime
+        started."""
+        started = self.runtime.ready.is_set() and self.runtime.delivery is not None
+        return json_answer({"status": "ok" if started else "starting",
+                            "migrations": "verified", "topics": "verified"},
+                           status=200 if started else 503)
+
     async def dashboard(self, request: web.Request) -> web.Response:
         return await self._asset("index.html", "text/html")
 
@@ -313,6 +347,9 @@ _ROUTES: tuple[tuple[str, str, str], ...] = (
     ("post", "/webhooks/github", "github_webhook"),
     ("post", "/webhooks/gitlab", "gitlab_webhook"),
     ("get", "/health", "health"),
+    ("get", "/livez", "livez"),
+    ("get", "/readyz", "readyz"),
+    ("get", "/startupz", "startupz"),
     ("get", "/", "dashboard"),
     ("get", "/dashboard", "dashboard"),
     ("get", "/dashboard/{asset}", "dashboard_asset"),
