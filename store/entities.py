@@ -274,6 +274,8 @@ class Request:
     unvalidated_cause: UnvalidatedCause | None = None
     # ingests that validated its commit again by themselves before it (design §4)
     revalidations: int = 0
+    # the trace its ingest began (design §12); None when tracing was off
+    trace_id: str | None = None
 
     @property
     def seq(self) -> int:

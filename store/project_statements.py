@@ -38,7 +38,7 @@ SELECT s.project, f.uri, f.request_id, f.degree
 
 PLAN = _sql("""
 WITH parent AS (
-    SELECT id, uri FROM request
+    SELECT id, uri, trace_id FROM request
      WHERE queue = %(queue)s AND id = %(request_id)s AND state = 'processing'
 ), plan AS (
     INSERT INTO request_plan (queue, request_id, affected, reason, backstop,
@@ -54,8 +54,9 @@ WITH parent AS (
      WHERE EXISTS (SELECT 1 FROM plan)
 ), children AS (
     INSERT INTO request (queue, id, uri, kind, state, build_strategy, base_uri, attempt,
-                         attempt_due_at)
-    SELECT c.scope, c.id, p.uri, 'head', 'processing', c.strategy, c.base, 1, now()
+                         attempt_due_at, trace_id)
+    SELECT c.scope, c.id, p.uri, 'head', 'processing', c.strategy, c.base, 1, now(),
+           p.trace_id
       FROM child c CROSS JOIN parent p
     RETURNING queue, id, uri, nonce
 ), slots AS (

@@ -23,7 +23,7 @@ _COLUMNS = (
     " kind, attempt, verdict, reason, unvalidated_retries, red_reruns,"
     " loop_token, EXTRACT(EPOCH FROM now() - loop_seen_at)::float8 AS loop_age, nonce,"
     " COALESCE(EXTRACT(EPOCH FROM attempt_due_at - now())::float8, 0) AS attempt_due_in,"
-    " recorded, unvalidated_cause, revalidations"
+    " recorded, unvalidated_cause, revalidations, trace_id"
 )
 _VERSION = "SELECT version FROM request WHERE queue = %(queue)s AND id = %(id)s"
 

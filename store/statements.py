@@ -15,7 +15,7 @@ REQUEST_COLUMNS = (
     " r.red_reruns, r.loop_token,"
     " EXTRACT(EPOCH FROM now() - r.loop_seen_at)::float8 AS loop_age, r.nonce,"
     " COALESCE(EXTRACT(EPOCH FROM r.attempt_due_at - now())::float8, 0) AS attempt_due_in,"
-    " r.recorded, r.unvalidated_cause, r.revalidations"
+    " r.recorded, r.unvalidated_cause, r.revalidations, r.trace_id"
 )
 QUEUE_COLUMNS = (
     "q.name AS q_name, q.last_green_uri AS q_last_green_uri,"
@@ -40,7 +40,8 @@ FACT_COLUMNS = "queue, uri, project, degree, request_id, created_at, attempts, f
 REQUEST_KEYS = ("queue", "id", "uri", "state", "build_strategy", "base_uri", "version",
                  "created_at", "updated_at", "kind", "attempt", "verdict", "reason",
                  "unvalidated_retries", "red_reruns", "loop_token", "loop_age", "nonce",
-                 "attempt_due_in", "recorded", "unvalidated_cause", "revalidations")
+                 "attempt_due_in", "recorded", "unvalidated_cause", "revalidations",
+                 "trace_id")
 
 
 def _sql(text: LiteralString) -> LiteralString:
@@ -105,11 +106,12 @@ WITH lease AS (
     ON CONFLICT (queue) DO UPDATE SET value = queue_counter.value + 1
     RETURNING value
 ), minted AS (
-    INSERT INTO request (queue, id, uri, revalidations)
+    INSERT INTO request (queue, id, uri, revalidations, trace_id)
     SELECT %(queue)s, %(prefix)s || value, %(uri)s,
-           COALESCE((SELECT revalidations + 1 FROM revalidate), 0) FROM drawn
+           COALESCE((SELECT revalidations + 1 FROM revalidate), 0), %(trace_id)s::text
+      FROM drawn
     UNION ALL
-    SELECT %(queue)s, id, %(uri)s, revalidations FROM again
+    SELECT %(queue)s, id, %(uri)s, revalidations, %(trace_id)s::text FROM again
     ON CONFLICT (queue, id) DO NOTHING
     RETURNING id, state, nonce
 ), mapping AS (
@@ -153,8 +155,8 @@ WITH newest AS (
     SELECT request_again_id(id) AS id
       FROM newest WHERE state IN ('failed', 'cancelled', 'superseded')
 ), minted AS (
-    INSERT INTO request (queue, id, uri, kind)
-    SELECT %(queue)s, id, %(uri)s, 'retry' FROM again
+    INSERT INTO request (queue, id, uri, kind, trace_id)
+    SELECT %(queue)s, id, %(uri)s, 'retry', %(trace_id)s::text FROM again
     ON CONFLICT (queue, id) DO NOTHING
     RETURNING id
 ), mapping AS (
@@ -185,8 +187,8 @@ WITH newest AS (
 ), fresh AS (
     SELECT %(fresh_id)s::text AS id WHERE NOT EXISTS (SELECT 1 FROM newest)
 ), minted AS (
-    INSERT INTO request (queue, id, uri, kind)
-    SELECT %(queue)s, id, %(uri)s, 'backfill' FROM (SELECT id FROM again
+    INSERT INTO request (queue, id, uri, kind, trace_id)
+    SELECT %(queue)s, id, %(uri)s, 'backfill', %(trace_id)s::text FROM (SELECT id FROM again
                                                     UNION ALL SELECT id FROM fresh) AS c
     ON CONFLICT (queue, id) DO NOTHING
     RETURNING id, nonce

@@ -213,7 +213,8 @@ class StepStore(Store):
 
     async def find_or_mint(self, queue: str, uri: str, *,
                            lease_holder: str | None = None,
-                           revalidation: Revalidation = Revalidation()) -> Minted | None:
+                           revalidation: Revalidation = Revalidation(),
+                           trace_id: str | None = None) -> Minted | None:
         """ingest: the Request of head ``uri``, minting one when the head has none (or
         only a superseded one, or a mapping whose Request was never written: a head the
         branch came back to must be validated after all), and the queue's latest pointer
@@ -234,12 +235,14 @@ class StepStore(Store):
         row = await self._fetch_one_holding_commit(queue, uri, FIND_OR_MINT, {
             "queue": queue, "uri": uri, "prefix": f"{REQUEST_ID_PREFIX}{queue}/",
             "holder": lease_holder, "max_revalidations": revalidation.most,
+            "trace_id": trace_id,
             "spacing": revalidation.spacing, "spacing_cap": revalidation.spacing_cap})
         if row is None:
             return None
         return Minted(row["id"], RequestState(row["state"]), row["minted"], row["nonce"])
 
-    async def validate_again(self, queue: str, uri: str) -> Again:
+    async def validate_again(self, queue: str, uri: str, *,
+                             trace_id: str | None = None) -> Again:
         """An explicit retry: a new Request (`…/<n>.<k>`, kind `retry`) validating commit
         ``uri`` again, when its newest Request ended `failed` (either way), `cancelled` or
         `superseded`; it sorts where the commit was first ingested, so it supersedes no
@@ -248,12 +251,14 @@ class StepStore(Store):
         validated now (`Again.newest_state` says which). Holds the commit's lock, so two
         retries at once mint one Request and the second is told it is under way."""
         row = await self._fetch_one_holding_commit(queue, uri, VALIDATE_AGAIN, {
-            "queue": queue, "uri": uri, "prefix": f"{REQUEST_ID_PREFIX}{queue}/"})
+            "queue": queue, "uri": uri, "prefix": f"{REQUEST_ID_PREFIX}{queue}/",
+            "trace_id": trace_id})
         if row is None:
             return Again(None, None, None)
         return Again(row["newest_id"], RequestState(row["newest_state"]), row["minted_id"])
 
-    async def mint_backfill(self, queue: str, uri: str, fresh_id: str) -> Backfilled:
+    async def mint_backfill(self, queue: str, uri: str, fresh_id: str, *,
+                            trace_id: str | None = None) -> Backfilled:
         """A culprit search's probe: a new Request (kind `backfill`) validating commit
         ``uri`` — ``fresh_id`` (`…/<n>~<p>`) for a commit the queue never validated, the
         commit's next validation (`….<k>`) when its newest Request was superseded,
@@ -261,7 +266,7 @@ class StepStore(Store):
         red or being validated now (`Backfilled.newest_*` say which); the queue's latest
         never moves to a backfill. Holds the commit's lock: one live Request per commit."""
         row = await self._fetch_one_holding_commit(queue, uri, MINT_BACKFILL, {
-            "queue": queue, "uri": uri, "fresh_id": fresh_id})
+            "queue": queue, "uri": uri, "fresh_id": fresh_id, "trace_id": trace_id})
         assert row is not None
         return Backfilled(
             row["newest_id"],

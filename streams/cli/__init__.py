@@ -11,11 +11,15 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
+import os
 from typing import Any
 
 import click
+
+from streams.extensions import tracing
 
 # Each command is imported only when it is run: a command that reads the database starts
 # without loading Faust, the stages or the queues.yaml models.
@@ -61,3 +65,7 @@ def main() -> None:
     # failure in one line of its own instead. The worker configures logging itself.
     for name in ("psycopg", "aiokafka", "kafka"):
         logging.getLogger(name).addHandler(logging.NullHandler())
+    # a trace per Request when the OTEL_* variables ask for one (a no-op otherwise); what
+    # is buffered is exported as the command exits
+    if tracing.setup(os.environ):
+        atexit.register(tracing.shutdown)

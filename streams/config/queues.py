@@ -56,7 +56,7 @@ from streams.config.projects import (
     validate_project_name,
 )
 from streams.config.webhooks import HostedPath, WebhooksConfig, load_webhooks
-from streams.extensions import ExtensionContext
+from streams.extensions import ExtensionContext, tracing
 from streams.extensions.buildrunner import BuildRunner, BuildRunnerSpec
 from streams.extensions.notify import Notifier, NotifyError, NotifySpec, build_notifier
 from streams.extensions.notify import github_repository as _github_repository
@@ -308,6 +308,13 @@ def make_build_runner(queue: QueueConfig, database: Database | None = None) -> B
     return queue.build_runner.build(_context(queue, database))
 
 
+# the calls to a queue's git and CI that trace as spans of their own
+_SOURCE_CONTROL_CALLS = frozenset({"head", "is_ancestor", "promotion_target", "promote",
+                                   "commit_time", "commit_uri", "commits_between",
+                                   "describe", "changed_paths"})
+_BUILD_RUNNER_CALLS = frozenset({"trigger", "status", "cancel"})
+
+
 class Extensions:
     """Each queue's SourceControl and BuildRunner, built on first use and then reused.
 
@@ -325,8 +332,10 @@ class Extensions:
     def source_control(self, queue: str) -> SourceControl:
         """Raises UnknownQueue."""
         if queue not in self._source_controls:
-            self._source_controls[queue] = make_source_control(self.config.get(queue),
-                                                               self.database)
+            config = self.config.get(queue)
+            self._source_controls[queue] = tracing.traced(
+                make_source_control(config, self.database), "git", _SOURCE_CONTROL_CALLS,
+                {"stovepipe.queue": queue, "stovepipe.source_control": config.source_control.kind})
         return self._source_controls[queue]
 
     def build_runner(self, queue: str) -> BuildRunner:
@@ -336,8 +345,10 @@ class Extensions:
         if shared is not None:
             return self.build_runner(shared)
         if queue not in self._build_runners:
-            self._build_runners[queue] = make_build_runner(self.config.get(queue),
-                                                           self.database)
+            config = self.config.get(queue)
+            self._build_runners[queue] = tracing.traced(
+                make_build_runner(config, self.database), "ci", _BUILD_RUNNER_CALLS,
+                {"stovepipe.queue": queue, "stovepipe.build_runner": config.build_runner.kind})
         return self._build_runners[queue]
 
     async def aclose(self) -> None:
@@ -358,7 +369,9 @@ class Extensions:
             if spec is None:
                 raise NotifyError(f"queue {queue!r} has no notify.{channel} any more",
                                   retryable=False)
-            self._notifiers[key] = build_notifier(spec, os.environ)
+            self._notifiers[key] = tracing.traced(
+                build_notifier(spec, os.environ), "notify", frozenset({"send"}),
+                {"stovepipe.queue": queue, "stovepipe.channel": channel})
         return self._notifiers[key]
 
 

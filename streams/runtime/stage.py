@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaProducer
 from google.protobuf.message import Message
 
 from contract import MalformedPayload, marshal, unmarshal
+from streams.extensions import tracing
 from streams.runtime import headers as h
 from streams.runtime import liveness, metrics, timings
 from streams.runtime.classify import is_backpressure, is_outage, outcome_of_exception
@@ -145,7 +146,13 @@ class Delivery(Generic[D]):
         self.progress = liveness.Progress()  # what the liveness probe judges
 
     async def deliver(self, stage: Stage[Any], msg: Incoming) -> None:
-        with self.progress.delivering(stage.key, f"{msg.topic}:{msg.partition}:{msg.offset}"):
+        where = f"{msg.topic}:{msg.partition}:{msg.offset}"
+        with (self.progress.delivering(stage.key, where),
+              tracing.consuming(stage.key, msg.headers, {
+                  "messaging.destination.name": msg.topic,
+                  "messaging.kafka.partition": msg.partition,
+                  "messaging.kafka.offset": msg.offset,
+                  "stovepipe.attempt": msg.attempt})):
             await self._deliver(stage, msg)
 
     async def _deliver(self, stage: Stage[Any], msg: Incoming) -> None:
@@ -164,6 +171,9 @@ class Delivery(Generic[D]):
             await self._undecodable(stage, route, msg, exc, fields)
             return
         fields["id"] = bounded(getattr(payload, "id", "") or getattr(payload, "queue", ""))
+        trace_id = tracing.current_trace_id()
+        if trace_id is not None:
+            fields["trace_id"] = trace_id
         ctx: Context[D] = Context(stage=stage.key, message=msg, publish=self.publish,
                                   deps=self.deps, log=_Adapter(log, fields))
         outcome = await self._handle_through_outages(stage, payload, ctx)
@@ -219,7 +229,8 @@ class Delivery(Generic[D]):
                 value = msg.value
                 if isinstance(outcome, Hold | Wait) and outcome.payload is not None:
                     value = marshal(outcome.payload)
-                headers = _redelivery_headers(msg, outcome)
+                # its next delivery is the child of this one: the Request's trace goes on
+                headers = tracing.with_current_context(_redelivery_headers(msg, outcome))
                 await send_later(self.producer, self.tiers, target=route.topic, key=msg.key,
                                  value=value, headers=headers, delay=delay,
                                  attempt=attempt)
@@ -239,6 +250,7 @@ class Delivery(Generic[D]):
                                     _describe(getattr(outcome, "error", None)))
             case DeadLetter(attempts=attempts, error=error):
                 assert route.dlq_topic is not None
+                tracing.mark_error(f"dead-lettered: {_describe(error)}")
                 await self._dead_letter(route.dlq_topic, msg, attempts, error)
                 metrics.count(stage.key, "dead_letter")
                 ctx.log.error("dead_letter attempts=%d error=%s", attempts, _describe(error))
@@ -354,7 +366,8 @@ async def publish_payload(producer: AIOKafkaProducer, topic: str, payload: Messa
     nor dead-letter the source)."""
     try:
         future = await producer.send(topic, value=marshal(payload),
-                                     key=message_key(payload, key_field))
+                                     key=message_key(payload, key_field),
+                                     headers=tracing.headers_for_publish() or None)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # whatever the client raised, the delivery retries

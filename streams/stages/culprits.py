@@ -63,6 +63,7 @@ from store import (
 )
 from store.culprits import CommitRecord, CulpritSearch, ProbeRecord, SearchState
 from streams.config.queues import BackfillSpec, UnknownQueue
+from streams.extensions import tracing
 from streams.extensions.sourcecontrol import CommitInfo, CommitNotFound, NotOnFirstParent
 from streams.runtime import metrics
 from streams.runtime.stage import Publisher
@@ -411,7 +412,8 @@ async def advance(deps: Deps, publish: Publisher, queue: str,
         for index in step.probes:
             uri = commits[index]
             minted = await tx.steps.mint_backfill(
-                queue, uri, fresh_probe_id(queue, commits, requests, index))
+                queue, uri, fresh_probe_id(queue, commits, requests, index),
+                trace_id=tracing.current_trace_id())
             if minted.minted_id is None:
                 if minted.newest_state is None:
                     # the id is taken by a commit off this history (a rewrite): pass it by

@@ -26,6 +26,7 @@ from contract import IngestRequest, ProcessRequest, TopicKey
 from store import RequestState
 from store.steps import Revalidation
 from streams.config.names import validate_queue_name
+from streams.extensions import tracing
 from streams.extensions.sourcecontrol import SourceControl
 from streams.runtime import ACK, Outcome
 from streams.runtime.stage import Publisher
@@ -65,7 +66,8 @@ async def ingest_head(deps: Deps, queue: str, publish: Publisher) -> Ingested:
         ran = True
         return await _resolve_and_mint(deps, queue, source_control, publish)
 
-    ingested: Ingested = await deps.head_ingests.run(queue, resolve_and_mint)
+    with tracing.span(f"ingest {queue}", attributes={"stovepipe.queue": queue}):
+        ingested: Ingested = await deps.head_ingests.run(queue, resolve_and_mint)
     # a resolve shared with the ingest that ran it minted for that ingest, not this one
     return ingested if ran else replace(ingested, new=False)
 
@@ -96,7 +98,8 @@ async def _resolve_and_mint(deps: Deps, queue: str, source_control: SourceContro
             async with _renewed(deps, queue, holder):
                 uri = await source_control.head()
             found = await deps.db.steps.find_or_mint(queue, uri, lease_holder=holder,
-                                                     revalidation=_revalidation(deps, queue))
+                                                     revalidation=_revalidation(deps, queue),
+                                                     trace_id=tracing.current_trace_id())
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(deps.db.ingest_leases.release(queue, holder))

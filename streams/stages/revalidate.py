@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from contract import ProcessRequest, TopicKey
 from store import NotFound, RequestState, ValidationFact
 from streams.config.names import validate_queue_name
+from streams.extensions import tracing
 from streams.runtime.stage import Publisher
 from streams.stages.commits import resolve_commit
 from streams.stages.deps import Deps
@@ -55,7 +56,9 @@ async def validate_again(deps: Deps, queue: str, commit: str | None,
     validate_queue_name(queue)
     deps.queue_config(queue)
     uri = await _commit_uri(deps, queue, commit)
-    again = await deps.db.steps.validate_again(queue, uri)
+    with tracing.span(f"retry {queue}", attributes={"stovepipe.queue": queue}):
+        again = await deps.db.steps.validate_again(queue, uri,
+                                                   trace_id=tracing.current_trace_id())
     if again.newest_id is None or again.newest_state is None:
         raise NeverIngested(f"queue {queue!r} never ingested {uri}: only a commit it has "
                             f"validated (or passed over) can be validated again")
