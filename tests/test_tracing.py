@@ -29,7 +29,7 @@ class _Receiver(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Receiver
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         request = trace_service_pb2.ExportTraceServiceRequest()
         request.ParseFromString(body)
@@ -49,7 +49,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(trace_service_pb2.ExportTraceServiceResponse().SerializeToString())
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
