@@ -4,6 +4,9 @@ Usage, from anywhere::
 
     python -m contract.generate           # rewrite contract/pb/*_pb2.py and *_pb2.pyi
     python -m contract.generate --check   # exit 1 if the committed files are stale
+    python -m contract.generate --snapshot NAME
+                                          # keep the contract's descriptor set as
+                                          # contract/history/NAME.binpb (a release's)
 
 The generated files are committed. Their bytes depend on the protoc bundled with
 grpcio-tools and on mypy-protobuf, so regenerate with the versions pyproject pins.
@@ -70,6 +73,24 @@ def generate(out_dir: Path) -> list[Path]:
     return generated_files(out_dir / "contract" / "pb")
 
 
+def descriptor_set(root: Path = REPO_ROOT) -> bytes:
+    """The FileDescriptorSet of the protos under ``root``/contract/pb (with their imports):
+    what `contract.compat` compares across releases."""
+    from grpc_tools import protoc
+
+    protos = sorted((root / "contract" / "pb").glob("*.proto"))
+    if not protos:
+        raise GenerateError(f"no .proto files in {root / 'contract' / 'pb'}")
+    well_known = resources.files("grpc_tools") / "_proto"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "set.binpb"
+        args = ["grpc_tools.protoc", f"-I{root}", f"-I{well_known}", "--include_imports",
+                f"--descriptor_set_out={out}", *(str(p.relative_to(root)) for p in protos)]
+        if protoc.main(args) != 0:
+            raise GenerateError("protoc failed (see its message above)")
+        return out.read_bytes()
+
+
 def generated_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.name.endswith(GENERATED_SUFFIXES))
 
@@ -107,8 +128,21 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true",
                         help="do not write; exit 1 if the committed files are stale")
+    parser.add_argument("--snapshot", metavar="NAME",
+                        help="write the contract's descriptor set to "
+                             "contract/history/NAME.binpb")
     args = parser.parse_args(argv)
     try:
+        if args.snapshot:
+            if not all(c.isalnum() or c in "._-" for c in args.snapshot):
+                print(f"error: {args.snapshot!r}: a name of letters, digits, '.', '_', '-'",
+                      file=sys.stderr)
+                return 1
+            target = REPO_ROOT / "contract" / "history" / f"{args.snapshot}.binpb"
+            target.parent.mkdir(exist_ok=True)
+            target.write_bytes(descriptor_set())
+            print(f"wrote {target.relative_to(REPO_ROOT)}")
+            return 0
         if args.check:
             stale = stale_files()
             if stale:

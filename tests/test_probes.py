@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from streams import __version__
 from tests.waiting import wait_until
 from tests.web_support import WebPipeline
 
@@ -20,7 +21,12 @@ def test_a_stuck_handler_turns_livez_503_and_only_livez(web: WebPipeline) -> Non
     web.wait_healthy()
     for path in ("/livez", "/readyz", "/startupz"):
         assert web.get(path).status == 200, path
-    assert web.get("/livez").body == {"status": "ok", "underway": 0, "stuck": []}
+    assert web.get("/livez").body == {"status": "ok", "underway": 0, "stuck": [],
+                                      "version": __version__}
+    # the release is said wherever an operator looks: the API, /metrics, the command
+    assert web.get("/health").body["version"] == __version__
+    assert f'stovepipe_build_info{{version="{__version__}"}} 1.0' in web.get("/metrics").text
+    assert web.cli("--version").stdout.strip() == f"stovepipe {__version__}"
 
     # the runner's trigger call never returns (until the latch is released): the build
     # stage's handler is stuck in it

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from streams import __version__
 from streams.extensions import tracing
 
 # Each command is imported only when it is run: a command that reads the database starts
@@ -58,6 +59,7 @@ class _LazyCommands(click.Group):
 
 
 @click.group(cls=_LazyCommands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="stovepipe", message="%(prog)s %(version)s")
 def main() -> None:
     """Stovepipe: at which commit is this branch green?"""
     # The clients' own warnings (a connection pool retrying, librdkafka reconnecting)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, Info
+
+from streams import __version__
 
 OutcomeLabel = Literal["ack", "hold", "wait", "retry", "dead_letter", "parked",
                        "undecodable"]
@@ -212,3 +214,6 @@ FLAKES = Gauge(
     "(window=24h) and ever (window=total).",
     ["queue", "window"],
 )
+
+BUILD = Info("stovepipe_build", "The Stovepipe release this process runs.")
+BUILD.info({"version": __version__})

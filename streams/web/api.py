@@ -75,6 +75,7 @@ import faust
 from aiohttp import web
 from faust.web import View
 
+from streams import __version__
 from streams.runtime import liveness
 from streams.runtime.stage import Delivery
 from streams.runtime.worker import RuntimeService
@@ -272,6 +273,7 @@ class Api(Reads):
                                     if isinstance(exc, TimeoutError) else describe(exc))
         healthy = started and body["database"] == "ok"
         body["status"] = "ok" if healthy else "unavailable"
+        body["version"] = __version__
         return json_answer(body, status=200 if healthy else 503)
 
     async def livez(self, request: web.Request) -> web.Response:
@@ -283,6 +285,7 @@ class Api(Reads):
         body: dict[str, Any] = {
             "status": "stuck" if stuck else "ok",
             "underway": delivery.progress.underway if delivery else 0,
+            "version": __version__,
             "stuck": [{"stage": s.stage, "message": s.what, "for_s": round(s.for_s, 1)}
                       for s in stuck[:20]]}
         return json_answer(body, status=503 if stuck else 200)
