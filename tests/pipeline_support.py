@@ -143,10 +143,12 @@ class Pipeline:
     # -- processes -----------------------------------------------------------------
     def start_worker(self, *, wrapper: list[str] | None = None,
                      env: dict[str, str] | None = None,
-                     web_port: int | None = None) -> subprocess.Popen[bytes]:
+                     web_port: int | None = None,
+                     code: Path | None = None) -> subprocess.Popen[bytes]:
         """A worker process; ``wrapper`` runs it under another command (e.g. faketime).
         Without ``web_port`` it serves no HTTP: workers of one test would race for the
-        default port."""
+        default port. ``code``: the source tree it runs (another release's), else this
+        one."""
         self._log_index += 1
         web = ["--web-port", str(web_port)] if web_port else ["--no-web"]
         with open(self.root / f"worker-{self._log_index}.log", "wb") as log:
@@ -154,11 +156,21 @@ class Pipeline:
             # child) and the worker under it are stopped, and killed, together
             proc = subprocess.Popen([*(wrapper or []), *STOVEPIPE, "worker", "--loglevel",
                                      "info", *web],
-                                    env={**self.env, **(env or {})}, stdout=log,
-                                    stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                    start_new_session=True)
+                                    env={**self.env, **(env or {}),
+                                         **({"PYTHONPATH": str(code)} if code else {})},
+                                    stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=code or REPO_ROOT, start_new_session=True)
         self.workers.append(proc)
         return proc
+
+    def stop_worker(self, proc: subprocess.Popen[bytes]) -> None:
+        """Stop one worker as a deployment does (SIGTERM, its process group), and wait."""
+        family = _family(proc)
+        _signal(family, signal.SIGTERM)
+        if not _wait_gone(family, timeout=60):
+            _signal(family, signal.SIGKILL)
+            _wait_gone(family, timeout=30)
+        proc.wait(timeout=30)
 
     def kill_worker(self, proc: subprocess.Popen[bytes]) -> None:
         """SIGKILL the worker and whatever runs in its process group (a wrapper's child)."""
