@@ -38,7 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka.abc import AbstractTokenProvider
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    AuthenticationMethodNotSupported,
+    IllegalSaslStateError,
+    KafkaConnectionError,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
+)
 
 ENV_SECURITY_PROTOCOL = "STOVEPIPE_KAFKA_SECURITY_PROTOCOL"
 ENV_SASL_MECHANISM = "STOVEPIPE_KAFKA_SASL_MECHANISM"
@@ -65,8 +72,6 @@ OAUTHBEARER_METHODS = ("oidc",)
 # refreshes at 80% too), so a connection never presents one about to expire.
 TOKEN_REFRESH_AT = 0.8
 TOKEN_FETCH_TIMEOUT = 10.0  # seconds for one answer of the token endpoint
-
-log = logging.getLogger("stovepipe.kafka.security")
 
 
 class KafkaSecurityError(ValueError):
@@ -393,6 +398,11 @@ def bootstrap_list(bootstrap: str) -> list[str]:
 # --- OAUTHBEARER through OpenID Connect, for aiokafka ---------------------------------------
 
 
+class OidcTokenError(KafkaConnectionError):
+    """No token from the OIDC token endpoint (a KafkaConnectionError, so aiokafka treats
+    it as a failed connection and our access check names it)."""
+
+
 class OidcTokenProvider(AbstractTokenProvider):
     """aiokafka's token provider for OAUTHBEARER: what librdkafka's `oidc` method does —
     a client-credentials grant at the token endpoint (client id and secret in HTTP Basic
@@ -404,7 +414,9 @@ class OidcTokenProvider(AbstractTokenProvider):
         self.client = client
         self._token: str | None = None
         self._renew_at = 0.0
-        self._lock = threading.Lock()  # Faust's consumer runs on a thread of its own
+        # the token and its renewal time change together: Faust's consumer, on a thread of
+        # its own, shares this provider with the producer
+        self._lock = threading.Lock()
 
     async def token(self) -> str:
         if self._token is not None and time.monotonic() < self._renew_at:
@@ -452,11 +464,6 @@ class OidcTokenProvider(AbstractTokenProvider):
         expires_in = body.get("expires_in")
         lifetime = float(expires_in) if isinstance(expires_in, int | float) else 300.0
         return token, max(lifetime, 1.0)
-
-
-class OidcTokenError(KafkaConnectionError):
-    """No token from the OIDC token endpoint (a KafkaConnectionError, so aiokafka treats
-    it as a failed connection and our access check names it)."""
 
 
 # --- telling a refused connection apart from an absent broker -------------------------------
@@ -524,14 +531,12 @@ async def check_aiokafka_access(bootstrap: str, security: KafkaSecurity | None =
 
 
 def _aiokafka_refusal(exc: BaseException, security: KafkaSecurity) -> str | None:
-    from aiokafka.errors import KafkaConnectionError
-
+    """AUTHENTICATION or TLS when aiokafka's `exc` says the broker refused us, else None."""
     if isinstance(exc, ssl.SSLError):
         return TLS
-    name = type(exc).__name__
-    if isinstance(exc, OidcTokenError) or name.startswith("Sasl") or name in (
-            "AuthenticationFailedError", "UnsupportedSaslMechanismError",
-            "IllegalSaslStateError"):
+    if isinstance(exc, OidcTokenError | AuthenticationFailedError | SaslAuthenticationFailed
+                  | UnsupportedSaslMechanismError | IllegalSaslStateError
+                  | AuthenticationMethodNotSupported):
         return AUTHENTICATION
     # over TLS 1.3 a broker that rejects our certificate (or its absence) does so after
     # the handshake: aiokafka sees the connection closed
