@@ -324,30 +324,31 @@ def write_config(paths: KafkaPaths, kafka_port: int, controller_port: int,
     write_text_atomic(paths.log4j, _resource("kafka-log4j2.properties"))
 
 
-def configured_ports(paths: KafkaPaths) -> tuple[int, int] | None:
-    """(broker port, controller port) in the broker's current server.properties."""
+def _listener_ports(paths: KafkaPaths) -> dict[str, int]:
+    """Listener name → port of the `listeners=` line of the broker's server.properties."""
     try:
         text = paths.config.read_text()
     except OSError:
+        return {}
+    line = re.search(r"^listeners=(.*)$", text, re.M)
+    found = re.findall(r"([A-Z_]+)://[^:,]+:(\d+)", line.group(1) if line else "")
+    return {name: int(port) for name, port in found}
+
+
+def configured_ports(paths: KafkaPaths) -> tuple[int, int] | None:
+    """(broker port, controller port) in the broker's current server.properties."""
+    ports = _listener_ports(paths)
+    if "PLAINTEXT" not in ports or "CONTROLLER" not in ports:
         return None
-    broker = re.search(r"^listeners=(?:.*,)?PLAINTEXT://[^:,]+:(\d+)", text, re.M)
-    controller = re.search(r"^listeners=.*CONTROLLER://[^:,]+:(\d+)", text, re.M)
-    if not broker or not controller:
-        return None
-    return int(broker.group(1)), int(controller.group(1))
+    return ports["PLAINTEXT"], ports["CONTROLLER"]
 
 
 def configured_secure_listeners(paths: KafkaPaths) -> SecureListeners | None:
     """The secure listeners in the broker's current server.properties, if it has them."""
-    try:
-        text = paths.config.read_text()
-    except OSError:
+    ports = _listener_ports(paths)
+    if "SASL_SSL" not in ports or "SSL" not in ports:
         return None
-    sasl_ssl = re.search(r"^listeners=.*SASL_SSL://[^:,]+:(\d+)", text, re.M)
-    mtls = re.search(r"^listeners=(?:.*,)?SSL://[^:,]+:(\d+)", text, re.M)
-    if not sasl_ssl or not mtls:
-        return None
-    return SecureListeners(int(sasl_ssl.group(1)), int(mtls.group(1)))
+    return SecureListeners(ports["SASL_SSL"], ports["SSL"])
 
 
 def _storage_tool(java: str, libs: Path, paths: KafkaPaths, *args: str) -> str:
