@@ -210,6 +210,13 @@ def test_the_database_refuses_a_root_it_cannot_vouch_for(secure: ThrowawayStack,
 
 
 def test_dev_status_checks_the_secure_listener(secure: ThrowawayStack) -> None:
+    again = dev(secure.env, "up", "--secure")  # reuses both; PostgreSQL's TLS is reloaded
+    assert again.returncode == 0, describe_run(again)
+    assert again.stdout.count("already running") == 2, describe_run(again)
+    assert f"export {ks.ENV_SECURITY_PROTOCOL}=SASL_SSL" in again.stdout, describe_run(again)
+    with psycopg.connect(verify_full_dsn(secure.postgres_port, secure.secrets),
+                         connect_timeout=10) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
     healthy = dev({**secure.env, **client_env(secure, "SCRAM-SHA-512")}, "status")
     assert healthy.returncode == 0, describe_run(healthy)
     refused = dev({**secure.env, **client_env(secure, "SCRAM-SHA-512",
