@@ -45,6 +45,7 @@ import yaml
 from confluent_kafka import Producer
 
 from contract import ProcessRequest, marshal
+from streams.config.kafka_security import librdkafka_conf
 from streams.runtime import headers as h
 from streams.runtime.kafka import producer_conf
 
@@ -100,8 +101,8 @@ def lag(dep: pb.Deployment, keys: tuple[str, ...], group: str | None = None) -> 
 def pa_group_lag(bootstrap: str, group: str, topics: list[str]) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                         "enable.auto.commit": False})
+    consumer = Consumer(librdkafka_conf(bootstrap, **{"group.id": group,
+                         "enable.auto.commit": False}))
     try:
         metadata = consumer.list_topics(timeout=10)
         parts = [TopicPartition(t, p) for t in topics for p in metadata.topics[t].partitions]

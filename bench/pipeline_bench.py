@@ -85,6 +85,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from contract import BuildRequest, BuildSignal, ProcessRequest, Record, unmarshal
+from streams.config.kafka_security import aiokafka_conf, librdkafka_conf
 from streams.config.settings import REPO_ROOT, load_settings
 from streams.config.topics import TopicsConfig, load_topics
 from streams.runtime.topic_admin import ensure_topics
@@ -177,7 +178,7 @@ class Deployment:
                                                     raw["dlq_defaults"]["partitions"])
         self.topics_file.write_text(yaml.safe_dump(raw))
         self.topics = load_topics(self.topics_file, prefix=self.prefix)
-        report = ensure_topics({"bootstrap.servers": self.bootstrap}, self.topics)
+        report = ensure_topics(librdkafka_conf(self.bootstrap), self.topics)
         if not report.ok:
             raise RuntimeError(f"topics not created: {[s.detail for s in report if not s.ok]}")
         self.repos.mkdir()
@@ -203,7 +204,7 @@ class Deployment:
     def _delete_kafka_state(self) -> None:
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin = AdminClient(librdkafka_conf(self.bootstrap))
         with contextlib.suppress(Exception):
             for fut in admin.delete_consumer_groups(
                     [self.app_id, f"{self.app_id}-delay"], request_timeout=15).values():
@@ -389,7 +390,7 @@ class Driver:
 
         queues = load_queues(self.dep.queues_file)
         self.db = await Database.open(self.dep.dsn, max_size=20, name="pipeline-bench")
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.dep.bootstrap, acks="all",
+        self.producer = AIOKafkaProducer(**aiokafka_conf(self.dep.bootstrap), acks="all",
                                          enable_idempotence=True, linger_ms=0)
         await self.producer.start()
         self.deps = Deps(db=self.db, queues=queues, extensions=Extensions(queues, self.db))
@@ -555,8 +556,8 @@ def read_stage_timestamps(dep: Deployment) -> dict[str, dict[str, list[float]]]:
     payloads = {"process": ProcessRequest, "build": BuildRequest, "buildsignal": BuildSignal,
                 "record": Record}
     names = {dep.topics.stage(s).full_name: s for s in payloads}
-    consumer = Consumer({"bootstrap.servers": dep.bootstrap, "group.id": f"{dep.app_id}-read",
-                         "enable.auto.commit": False})
+    consumer = Consumer(librdkafka_conf(dep.bootstrap, **{"group.id": f"{dep.app_id}-read",
+                         "enable.auto.commit": False}))
     out: dict[str, dict[str, list[float]]] = {s: defaultdict(list) for s in payloads}
     try:
         metadata = consumer.list_topics(timeout=10)

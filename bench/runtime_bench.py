@@ -60,6 +60,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from contract import IngestRequest, ProcessRequest, marshal
+from streams.config.kafka_security import librdkafka_conf
 from streams.config.settings import REPO_ROOT, load_settings
 from streams.config.topics import TopicsConfig, load_topics
 from streams.runtime.kafka import producer_conf
@@ -287,7 +288,7 @@ def phase(name: str, mode: str, *, bootstrap: str, dsn: str, base_topics: Path,
     topics_file = write_topics(workdir / f"{name}-topics.yaml", base_topics,
                                extra_tiers=extra_tiers, partitions=partitions)
     topics = load_topics(topics_file, prefix=prefix)
-    report = ensure_topics({"bootstrap.servers": bootstrap}, topics)
+    report = ensure_topics(librdkafka_conf(bootstrap), topics)
     if not report.ok:
         raise BenchError(f"topics not created: {[s.detail for s in report if not s.ok]}")
     ph = Phase(name, mode, bootstrap, dsn, topics, workdir, loglevel=loglevel)
@@ -301,7 +302,7 @@ def phase(name: str, mode: str, *, bootstrap: str, dsn: str, base_topics: Path,
 
 
 def delete_kafka_things(bootstrap: str, topics: list[str], groups: list[str]) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 4})
+    admin = AdminClient(librdkafka_conf(bootstrap, **{"log_level": 4}))
     futures = list(admin.delete_topics(topics, operation_timeout=30).values())
     futures += list(admin.delete_consumer_groups(groups, request_timeout=10).values())
     for fut in futures:
@@ -434,8 +435,8 @@ def run_pipeline(args: argparse.Namespace, ctx: dict, rows: list[Row]) -> None:
 
 def end_offsets(bootstrap: str, topics: Sequence[tuple[str, int]]) -> int:
     """Messages ever written to ``topics`` (name, partitions): the sum of their ends."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-watermarks",
-                         "log_level": 4})
+    consumer = Consumer(librdkafka_conf(bootstrap, **{"group.id": "bench-watermarks",
+                         "log_level": 4}))
     try:
         return sum(consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)[1]
                    for name, count in topics for p in range(count))
@@ -445,8 +446,8 @@ def end_offsets(bootstrap: str, topics: Sequence[tuple[str, int]]) -> int:
 
 def committed_lag(bootstrap: str, group: str, topic: str, partitions: int) -> int:
     """Messages of ``topic`` past ``group``'s committed offsets."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                         "enable.auto.commit": False, "log_level": 4})
+    consumer = Consumer(librdkafka_conf(bootstrap, **{"group.id": group,
+                         "enable.auto.commit": False, "log_level": 4}))
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}

@@ -18,7 +18,7 @@ from contract import ProcessRequest, marshal
 from streams.config.settings import REPO_ROOT
 from streams.config.topics import TopicsConfig, load_topics
 from streams.runtime.kafka import producer_conf
-from streams.runtime.topic_admin import ensure_topics
+from streams.runtime.topic_admin import admin_conf_for, ensure_topics
 from tests.apps.runtime_worker import SCHEMA_SQL
 
 
@@ -40,7 +40,7 @@ def write_test_topics(path: Path, *, partitions: int = 3, tiers: dict[str, str] 
 
 def create_topics(bootstrap: str, path: Path, prefix: str) -> TopicsConfig:
     config = load_topics(path, prefix=prefix)
-    report = ensure_topics({"bootstrap.servers": bootstrap}, config)
+    report = ensure_topics(admin_conf_for(bootstrap), config)  # the environment's security
     assert report.ok, [s.detail for s in report if not s.ok]
     return config
 

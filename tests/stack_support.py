@@ -1,6 +1,7 @@
 """A throwaway second stack — Kafka and PostgreSQL of its own, on free ports, with its own
 `STOVEPIPE_HOME` — for tests that start, stop or kill the services (test_devstack,
-test_faults) and must never touch the shared stack other tests use. The broker jars are
+test_faults), or need the secure listeners of `dev up --secure` (test_secure_kafka), and
+must never touch the shared stack other tests use. The broker jars are
 copied from the default cache when it has them (no Maven run); a `mvn` wrapper on PATH
 records every Maven invocation."""
 
@@ -26,6 +27,8 @@ from streams.devstack import (
     postgres_root,
 )
 from streams.devstack.common import pid_alive, read_pid
+from streams.devstack.env import ENV_DEV_KAFKA_SASL_SSL_PORT, ENV_DEV_KAFKA_SSL_PORT
+from streams.devstack.tls import DevSecrets
 
 STOVEPIPE = Path(sys.executable).parent / "stovepipe"
 CALL_TIMEOUT = 180
@@ -68,10 +71,18 @@ def describe_run(out: subprocess.CompletedProcess[str]) -> str:
 
 
 class ThrowawayStack:
-    def __init__(self, root: Path) -> None:
+    """With ``secure``, `up` is `dev up --secure`: SASL_SSL and mutual-TLS listeners on
+    ports of their own, PostgreSQL with TLS, certificates of the stack's own CA."""
+
+    def __init__(self, root: Path, *, secure: bool = False) -> None:
         self.home = root / "home"
+        self.secure = secure
         self.ports = free_ports(3)
         self.kafka_port, self.controller_port, self.postgres_port = self.ports
+        self.sasl_ssl_port, self.ssl_port = free_ports(2)
+        self.sasl_ssl_bootstrap = f"127.0.0.1:{self.sasl_ssl_port}"
+        self.ssl_bootstrap = f"127.0.0.1:{self.ssl_port}"
+        self.secrets = DevSecrets(self.home / "dev" / "secure")
         self.bootstrap = f"127.0.0.1:{self.kafka_port}"
         self.dsn = f"postgresql://stovepipe@127.0.0.1:{self.postgres_port}/stovepipe"
         self.mvn_calls = root / "mvn-calls"
@@ -86,6 +97,8 @@ class ThrowawayStack:
         )
         wrapper.chmod(0o755)
         self.env = base_env(self.home, self.ports, bindir)
+        self.env[ENV_DEV_KAFKA_SASL_SSL_PORT] = str(self.sasl_ssl_port)
+        self.env[ENV_DEV_KAFKA_SSL_PORT] = str(self.ssl_port)
         self.settings = dataclasses.replace(settings_mod.load_settings(), home=self.home)
         self.cache_copied = self._reuse_default_cache()
 
@@ -116,7 +129,7 @@ class ThrowawayStack:
         while the killed postmaster's backends are still leaving."""
         started = time.monotonic()
         while True:
-            out = dev(self.env, "up")
+            out = dev(self.env, "up", *(["--secure"] if self.secure else []))
             if out.returncode == 0:
                 return
             if time.monotonic() - started > deadline:

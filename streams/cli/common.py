@@ -17,6 +17,7 @@ from aiokafka.errors import KafkaError
 from store import Database, StoreError
 from streams.cli.failures import kafka_unreachable, postgres_unreachable
 from streams.config import settings as settings_mod
+from streams.config.kafka_security import KafkaAccessError, KafkaSecurityError
 from streams.config.names import InvalidQueueName, QueueConfigError, UnknownQueue
 from streams.extensions.sourcecontrol import SourceControlError
 from streams.web import queries
@@ -41,7 +42,7 @@ def run_async(action: Callable[[], Coroutine[Any, Any, T]]) -> T:
         raise click.ClickException(str(exc)) from None
     except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
         raise postgres_unreachable(settings().postgres_dsn, exc) from None
-    except StoreError as exc:
+    except (StoreError, KafkaSecurityError, KafkaAccessError) as exc:
         raise click.ClickException(str(exc)) from None
     except (KafkaError, TimeoutError) as exc:
         raise kafka_unreachable(settings().kafka_bootstrap, exc) from None

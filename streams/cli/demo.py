@@ -35,6 +35,7 @@ from psycopg.conninfo import make_conninfo
 from store import request_order
 from store.migrations import migrate
 from streams.cli.ingest import IngestClient
+from streams.cli.kafka import kafka_security_or_fail
 from streams.config import settings as settings_mod
 from streams.config.queues import load_queues
 from streams.config.topics import load_topics
@@ -259,6 +260,7 @@ def demo_command(web_port: int, keep_running: bool | None) -> None:
     # brand-new topics answer "not leader" for a moment; the client retries, quietly
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
     settings = settings_mod.load_settings()
+    kafka_security_or_fail()  # a bad TLS or SASL variable is named before anything starts
     home = settings.home / "demo"
     home.mkdir(parents=True, exist_ok=True)
 

@@ -4,6 +4,7 @@ and what to do, and ends the command with a non-zero exit; never a traceback."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
@@ -11,6 +12,9 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from streams.config import settings as settings_mod
+
+# what libpq says when TLS, not the server's absence, failed the connection
+_TLS_WORDS = re.compile(r"SSL|certificate|sslrootcert|sslmode", re.IGNORECASE)
 
 
 def first_line(exc: BaseException) -> str:
@@ -31,6 +35,12 @@ def postgres_endpoint(dsn: str) -> str:
 
 
 def postgres_unreachable(dsn: str, exc: BaseException) -> click.ClickException:
+    reason = first_line(exc)
+    if _TLS_WORDS.search(reason):
+        return click.ClickException(
+            f"TLS with PostgreSQL at {postgres_endpoint(dsn)} failed ({reason}): check "
+            f"sslmode and sslrootcert (the CA that signed the server's certificate) in "
+            f"{settings_mod.ENV_POSTGRES_DSN}")
     return click.ClickException(
         f"cannot reach PostgreSQL at {postgres_endpoint(dsn)} ({first_line(exc)}): start it "
         f"(`stovepipe dev up` runs a local one) or point {settings_mod.ENV_POSTGRES_DSN} at "

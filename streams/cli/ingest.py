@@ -24,6 +24,7 @@ import click
 
 from store import Database
 from streams.cli.common import CONNECT_DEADLINE, open_db, queues_option, run_async, settings
+from streams.config.kafka_security import KafkaSecurity, check_aiokafka_access
 from streams.config.queues import (
     Extensions,
     InvalidQueueName,
@@ -56,6 +57,7 @@ class IngestClient:
         self.queues = queues
         self.topics = topics
         self.pool_size = pool_size
+        self.security = KafkaSecurity.from_env()  # a bad variable is named before anything
         self._db: Database | None = None
         self._publisher: KafkaPublisher | None = None
         self._deps: Deps | None = None
@@ -63,8 +65,13 @@ class IngestClient:
     async def __aenter__(self) -> Self:
         self._db = await open_db(self.pool_size, self.settings.postgres_dsn)
         try:
-            self._publisher = KafkaPublisher(self.settings.kafka_bootstrap,
-                                             topic_routes(self.topics))
+            bootstrap = self.settings.kafka_bootstrap
+            # a refused password or certificate is named, not reported as "Unable to
+            # bootstrap" (aiokafka's words for every failure)
+            await check_aiokafka_access(bootstrap, self.security,
+                                        connect_within=CONNECT_DEADLINE)
+            self._publisher = KafkaPublisher(bootstrap, topic_routes(self.topics),
+                                             security=self.security)
             # an unreachable broker is a one-line error within seconds, not a long wait
             async with asyncio.timeout(CONNECT_DEADLINE):
                 await self._publisher.start()

@@ -2,7 +2,8 @@
 topic resolution against topics.yaml, and one bounded wrapper over Kafka's admin calls.
 
 Kafka admin work goes through confluent-kafka (AdminClient, a Consumer that never
-subscribes, a Producer from `producer_conf`, so keys land on the workers' partitions).
+subscribes, a Producer from `producer_conf`, so keys land on the workers' partitions),
+every client with the TLS and SASL settings of `streams.config.kafka_security`.
 Every failure a user can cause — unknown topic, unreachable broker or database, an active
 group — is a `click.ClickException`, never a traceback.
 """
@@ -31,6 +32,13 @@ from confluent_kafka.admin import AdminClient
 
 from contract import TopicKey
 from streams.config import settings as settings_mod
+from streams.config.kafka_security import (
+    KafkaAccessError,
+    KafkaSecurity,
+    KafkaSecurityError,
+    check_librdkafka_access,
+    librdkafka_conf,
+)
 from streams.config.settings import DEFAULT_APP_ID, ENV_APP_ID
 from streams.config.topics import (
     DelayTier,
@@ -158,27 +166,31 @@ class GroupInfo:
 
 class Kafka:
     """The admin calls the operator commands need, each bounded by ``timeout`` seconds;
-    a broker that does not answer becomes one ClickException naming it."""
+    a broker that does not answer or refuses us becomes one ClickException naming it."""
 
     def __init__(self, bootstrap: str, timeout: float) -> None:
         self.bootstrap = bootstrap
         self.timeout = timeout
+        self.security = kafka_security_or_fail()
         try:
-            conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": KAFKA_LOG}
-            self.admin = AdminClient(conf)
+            self.admin = AdminClient(self.client_conf())
         except (KafkaException, ValueError, TypeError) as exc:
             raise click.ClickException(
                 f"bad Kafka bootstrap {bootstrap!r}: {_reason(exc)}") from None
         # never subscribes: it reads watermarks and times, and joins no group
         self._consumer: Consumer | None = None
         fail_when_nothing_listens(bootstrap, timeout)
+        fail_when_refused(bootstrap, self.security, timeout)
+
+    def client_conf(self, **extra: Any) -> dict[str, Any]:
+        """A confluent-kafka configuration for this broker (its TLS and SASL included)."""
+        return librdkafka_conf(self.bootstrap, self.security, logger=KAFKA_LOG, **extra)
 
     def consumer(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = Consumer({
-                "bootstrap.servers": self.bootstrap,
+            self._consumer = Consumer(self.client_conf(**{
                 "group.id": f"stovepipe-operator-{uuid.uuid4().hex}",
-                "enable.auto.commit": False, "logger": KAFKA_LOG})
+                "enable.auto.commit": False}))
         return self._consumer
 
     def close(self) -> None:
@@ -295,6 +307,29 @@ def fail_when_nothing_listens(bootstrap: str, timeout: float) -> None:
             f"({refused.strerror or refused}); is the broker running? (`stovepipe dev up` "
             f"starts a local one; {settings_mod.ENV_KAFKA_BOOTSTRAP} or --bootstrap point "
             f"elsewhere)")
+
+
+def kafka_security_or_fail() -> KafkaSecurity:
+    """The environment's TLS and SASL settings; a ClickException naming a bad variable."""
+    try:
+        return KafkaSecurity.from_env()
+    except KafkaSecurityError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def fail_when_refused(bootstrap: str, security: KafkaSecurity, timeout: float) -> None:
+    """A ClickException naming the cause when the broker refuses us (authentication, TLS)
+    or does not answer within `timeout`; librdkafka alone would retry a wrong password
+    until each call's timeout and then say only "timed out"."""
+    try:
+        check_librdkafka_access(bootstrap, security, timeout=timeout)
+    except KafkaAccessError as exc:
+        raise click.ClickException(str(exc)) from None
+    except TimeoutError as exc:
+        raise click.ClickException(
+            f"no answer from Kafka at {bootstrap} ({exc}); is the broker running, and does "
+            f"that port speak {security.protocol}? ({settings_mod.ENV_KAFKA_BOOTSTRAP} or "
+            f"--bootstrap point elsewhere)") from None
 
 
 def refused_bootstrap(bootstrap: str, timeout: float) -> OSError | None:

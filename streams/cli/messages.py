@@ -72,10 +72,10 @@ def read_topic(kafka: Kafka, topic: str, partitions: Sequence[int], *, from_offs
     ranges = {p: (max(earliest, from_offset), end) for p, (earliest, end) in marks.items()}
     total = sum(max(0, end - start) for start, end in ranges.values())
     out: list[TopicMessage] = []
-    reader = Consumer({
-        "bootstrap.servers": kafka.bootstrap, "group.id": f"stovepipe-reader-{uuid.uuid4().hex}",
+    reader = Consumer(kafka.client_conf(**{
+        "group.id": f"stovepipe-reader-{uuid.uuid4().hex}",
         "enable.auto.commit": False, "enable.auto.offset.store": False,
-        "enable.partition.eof": True, "logger": KAFKA_LOG})
+        "enable.partition.eof": True}))
     try:
         for p in partitions:
             start, end = ranges[p]
@@ -244,7 +244,7 @@ def produce_all(kafka: Kafka, messages: Sequence[tuple[str, bytes | None, bytes 
     failures: list[str] = []
     acked = 0
     producer = Producer(producer_conf(
-        kafka.bootstrap, logger=KAFKA_LOG,
+        kafka.bootstrap, security=kafka.security, logger=KAFKA_LOG,
         **{"message.timeout.ms": int(max(30.0, kafka.timeout * 3) * 1000)}))
     with click.progressbar(length=len(messages), label=label, file=sys.stderr) as bar:
         def delivered(err: KafkaError | None, _msg: Any) -> None:

@@ -13,6 +13,8 @@ import click
 from streams.cli.kafka import (
     broker_options,
     fail_when_nothing_listens,
+    fail_when_refused,
+    kafka_security_or_fail,
     load_topics_or_fail,
     topics_options,
 )
@@ -59,9 +61,11 @@ def _run(ctx: click.Context, topics_file: Path | None, prefix: str | None, boots
          timeout: float, *, create: bool) -> None:
     config = load_topics_or_fail(topics_file, prefix)
     bootstrap = bootstrap or settings_mod.load_settings().kafka_bootstrap
+    security = kafka_security_or_fail()
     fail_when_nothing_listens(bootstrap, timeout)
+    fail_when_refused(bootstrap, security, timeout)
     try:
-        report = ensure_topics(admin_conf_for(bootstrap), config, create=create,
+        report = ensure_topics(admin_conf_for(bootstrap, security), config, create=create,
                                timeout=timeout)
     except TopicsAdminError as exc:
         raise click.ClickException(str(exc)) from None

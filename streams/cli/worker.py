@@ -22,6 +22,13 @@ from streams.cli.failures import (
     postgres_endpoint,
     postgres_unreachable,
 )
+from streams.cli.kafka import kafka_security_or_fail
+from streams.config.kafka_security import (
+    KafkaAccessError,
+    KafkaSecurity,
+    aiokafka_conf,
+    check_aiokafka_access,
+)
 from streams.config.queues import QueueConfigError, load_queues
 from streams.config.settings import (
     DEFAULT_APP_ID,
@@ -45,10 +52,11 @@ if TYPE_CHECKING:
 def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
                  queues_file: Path | str | None = None, web_port: int | None = None,
                  api_token: str | None = None, sweep_interval: float | None = None,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, db_pool: int = DEFAULT_DB_POOL
-                 ) -> faust.App:
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, db_pool: int = DEFAULT_DB_POOL,
+                 security: KafkaSecurity | None = None) -> faust.App:
     """The worker's Faust app; with a ``web_port`` it also serves the HTTP API and the
-    dashboard (`streams.web.api`), whose POST endpoints need ``api_token`` when given."""
+    dashboard (`streams.web.api`), whose POST endpoints need ``api_token`` when given.
+    Its Kafka clients connect with ``security``, else with what the environment asks."""
     # Deferred: Faust and aiohttp take a while to import, and only `worker` needs them.
     from streams.runtime.config import worker_config
     from streams.runtime.worker import build_app
@@ -62,7 +70,7 @@ def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
 
     config = worker_config(topics, app_id=app_id, bootstrap=bootstrap,
                            consumed=[s.key for s in STAGES], web_port=web_port,
-                           max_in_flight=max_in_flight)
+                           max_in_flight=max_in_flight, security=security)
     web_settings = api.faust_settings() if web_port is not None else {}
     periodic = periodic_tasks(sweep_interval or DEFAULT_SWEEP_INTERVAL)
     app = build_app(config, STAGES, open_pipeline_deps(dsn, queues_file, pool_size=db_pool),
@@ -109,24 +117,27 @@ def worker_command(app_id: str, web_port: int, no_web: bool, api_token: str | No
     from streams.runtime.worker import run_worker
 
     current = settings()
+    security = kafka_security_or_fail()
     try:
         load_queues(queues_file)  # fail fast on a bad file, before joining the group
         topics = load_topics(current.topics_file)
     except (QueueConfigError, TopicsConfigError) as exc:
         raise click.ClickException(str(exc)) from None
     ensure_home(current.home)
-    check_dependencies(current, topics)
+    check_dependencies(current, topics, security)
     app = build_worker(topics, app_id=app_id, bootstrap=current.kafka_bootstrap,
                        dsn=current.postgres_dsn, queues_file=queues_file,
                        web_port=_web_port(web_port, no_web), api_token=api_token or None,
                        sweep_interval=sweep_interval, max_in_flight=max_in_flight,
-                       db_pool=db_pool)
+                       db_pool=db_pool, security=security)
     run_worker(app, loglevel=loglevel)
 
 
-def check_dependencies(current: Settings, topics: TopicsConfig) -> None:
+def check_dependencies(current: Settings, topics: TopicsConfig,
+                       security: KafkaSecurity | None = None) -> None:
     """Before joining the group: the database answers and is migrated, the broker
-    answers and has the topics. Each failure is one line saying what to do."""
+    answers, accepts our credentials and has the topics. Each failure is one line saying
+    what to do."""
     dsn = current.postgres_dsn
     try:
         pending = [m for m in migrations.status(dsn, connect_timeout=CONNECT_DEADLINE)
@@ -140,19 +151,24 @@ def check_dependencies(current: Settings, topics: TopicsConfig) -> None:
         names = ", ".join(f"{m.version}_{m.name}" for m in pending)
         raise click.ClickException(f"the database at {postgres_endpoint(dsn)} lacks the "
                                    f"migrations {names}: run `stovepipe db migrate`")
-    missing = _missing_topics(current.kafka_bootstrap, topics)
+    missing = _missing_topics(current.kafka_bootstrap, topics,
+                              security or KafkaSecurity.from_env())
     if missing:
         raise click.ClickException(
             f"Kafka at {current.kafka_bootstrap} lacks {len(missing)} topic(s) of "
             f"{topics.path} (first: {missing[0]}): run `stovepipe topics create`")
 
 
-def _missing_topics(bootstrap: str, topics: TopicsConfig) -> list[str]:
-    """The topics of ``topics`` the broker lacks; a one-line error when it does not answer.
-    Asked through aiokafka, the client the worker itself runs on."""
+def _missing_topics(bootstrap: str, topics: TopicsConfig, security: KafkaSecurity
+                    ) -> list[str]:
+    """The topics of ``topics`` the broker lacks; a one-line error when it does not answer
+    or refuses us. Asked through aiokafka, the client the worker itself runs on."""
 
     async def ask() -> set[str]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        # aiokafka reports a refused password as "Unable to bootstrap": ask once ourselves
+        await check_aiokafka_access(bootstrap, security, connect_within=CONNECT_DEADLINE)
+        consumer = AIOKafkaConsumer(**aiokafka_conf(bootstrap, security),
+                                    enable_auto_commit=False)
         try:
             async with asyncio.timeout(CONNECT_DEADLINE):
                 await consumer.start()
@@ -162,6 +178,8 @@ def _missing_topics(bootstrap: str, topics: TopicsConfig) -> list[str]:
 
     try:
         existing = asyncio.run(ask())
+    except KafkaAccessError as exc:
+        raise click.ClickException(str(exc)) from None
     except (KafkaError, TimeoutError, OSError) as exc:
         raise kafka_unreachable(bootstrap, exc if not isinstance(exc, TimeoutError) else
                                 f"no answer within {CONNECT_DEADLINE:g}s") from None

@@ -1,7 +1,8 @@
 """Environment configuration with working local defaults.
 
 Every knob a user may set through the environment lives here, read once per call so tests
-can override the environment. The local stack (`stovepipe dev up`) listens on the defaults.
+can override the environment; Kafka's TLS and SASL variables live in
+`streams.config.kafka_security`. The local stack (`stovepipe dev up`) listens on the defaults.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ ENV_PUBLIC_URL = "STOVEPIPE_PUBLIC_URL"  # where people reach the dashboard and 
 
 LOCAL_KAFKA_PORT = 19092
 LOCAL_KAFKA_CONTROLLER_PORT = 19093
+LOCAL_KAFKA_SASL_SSL_PORT = 19094  # `stovepipe dev up --secure` only
+LOCAL_KAFKA_SSL_PORT = 19095  # `stovepipe dev up --secure` only (mutual TLS)
 LOCAL_POSTGRES_PORT = 15432
 LOCAL_KAFKA_BOOTSTRAP = f"127.0.0.1:{LOCAL_KAFKA_PORT}"
 LOCAL_POSTGRES_DSN = f"postgresql://stovepipe@127.0.0.1:{LOCAL_POSTGRES_PORT}/stovepipe"

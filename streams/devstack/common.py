@@ -51,6 +51,7 @@ class ServiceUp:
     pid: int | None = None
     log: Path | None = None
     data_dir: Path | None = None
+    listeners: tuple[tuple[str, str], ...] = ()  # (protocol, host:port) beyond the endpoint
 
 
 # --- processes -------------------------------------------------------------------------

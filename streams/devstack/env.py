@@ -15,6 +15,8 @@ from .common import DevStackError
 ENV_DEV_KAFKA_PORT = "STOVEPIPE_DEV_KAFKA_PORT"
 ENV_DEV_KAFKA_CONTROLLER_PORT = "STOVEPIPE_DEV_KAFKA_CONTROLLER_PORT"
 ENV_DEV_POSTGRES_PORT = "STOVEPIPE_DEV_POSTGRES_PORT"
+ENV_DEV_KAFKA_SASL_SSL_PORT = "STOVEPIPE_DEV_KAFKA_SASL_SSL_PORT"
+ENV_DEV_KAFKA_SSL_PORT = "STOVEPIPE_DEV_KAFKA_SSL_PORT"
 
 
 def _port(name: str, default: int) -> int:
@@ -36,6 +38,14 @@ def kafka_port() -> int:
 
 def kafka_controller_port() -> int:
     return _port(ENV_DEV_KAFKA_CONTROLLER_PORT, settings_mod.LOCAL_KAFKA_CONTROLLER_PORT)
+
+
+def kafka_sasl_ssl_port() -> int:
+    return _port(ENV_DEV_KAFKA_SASL_SSL_PORT, settings_mod.LOCAL_KAFKA_SASL_SSL_PORT)
+
+
+def kafka_ssl_port() -> int:
+    return _port(ENV_DEV_KAFKA_SSL_PORT, settings_mod.LOCAL_KAFKA_SSL_PORT)
 
 
 def postgres_port() -> int:

@@ -7,6 +7,12 @@ Layout under `<settings.home>`:
     dev/kafka/data/                                    log.dirs (formatted once)
     dev/kafka/logs/server.log, kafka.out               broker log, JVM stdout/stderr
     dev/kafka/kafka.pid                                pid of the running broker
+
+`stovepipe dev up --secure` adds two listeners beside the PLAINTEXT one (which the broker's
+own traffic keeps using): SASL_SSL (SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN for the user
+`stovepipe`, OAUTHBEARER with unsigned tokens) and SSL that requires a client certificate,
+both with certificates of the dev CA (`streams.devstack.tls`). SCRAM credentials are
+written through the admin API on every secure start, so a broker formatted before works.
 """
 
 from __future__ import annotations
@@ -23,11 +29,22 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (
+    AdminClient,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
 
+from streams.config.kafka_security import (
+    KafkaAccessError,
+    KafkaSecurity,
+    KafkaSecurityError,
+    check_librdkafka_access,
+    librdkafka_conf,
+)
 from streams.config.settings import ENV_KAFKA_BOOTSTRAP, Settings
 
 from . import env
@@ -47,6 +64,7 @@ from .common import (
     terminate,
     write_text_atomic,
 )
+from .tls import KAFKA_USER, DevSecrets
 
 KAFKA_VERSION = "4.1.2"
 SCALA_VERSION = "2.13"
@@ -66,9 +84,12 @@ TOOL_JVM_OPTIONS = ("-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 MAVEN_TIMEOUT = 900.0
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 30.0
+SCRAM_ITERATIONS = 8192
 MAIN_CLASS = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
 LABEL = f"Kafka {KAFKA_VERSION}"
+
+PLAINTEXT = KafkaSecurity()  # the dev broker's own listener, whatever the environment says
 
 _INSTALL_JAVA = "apt-get update && apt-get install -y openjdk-17-jre-headless"
 _INSTALL_MAVEN = "apt-get update && apt-get install -y maven"
@@ -249,27 +270,85 @@ def _java_args(libs: Path, paths: KafkaPaths) -> list[str]:
 # --- configuration and storage ---------------------------------------------------------
 
 
-def write_config(paths: KafkaPaths, kafka_port: int, controller_port: int) -> None:
+@dataclass(frozen=True)
+class SecureListeners:
+    """The ports of the secure listeners of a `dev up --secure` broker."""
+
+    sasl_ssl_port: int
+    ssl_port: int
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.sasl_ssl_port}"
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.ssl_port}"
+
+    def describe(self) -> str:
+        return (f"SASL_SSL {self.sasl_ssl_bootstrap} (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN; "
+                f"user {KAFKA_USER}), SSL with client certificates {self.ssl_bootstrap}")
+
+
+def wanted_secure_listeners() -> SecureListeners:
+    return SecureListeners(env.kafka_sasl_ssl_port(), env.kafka_ssl_port())
+
+
+def sasl_ssl_security(secrets: DevSecrets, mechanism: str = "SCRAM-SHA-512") -> KafkaSecurity:
+    """How a client authenticates on the SASL_SSL listener of the secure dev broker."""
+    return KafkaSecurity(protocol="SASL_SSL", mechanism=mechanism, username=KAFKA_USER,
+                         password=secrets.kafka_password(), ca_location=str(secrets.ca))
+
+
+def write_config(paths: KafkaPaths, kafka_port: int, controller_port: int,
+                 secure: tuple[SecureListeners, DevSecrets] | None = None) -> None:
     for directory in (paths.root, paths.data, paths.logs):
         directory.mkdir(parents=True, exist_ok=True)
+    listeners = ""
+    if secure is not None:
+        ports = secure[0]
+        listeners = (f",SASL_SSL://127.0.0.1:{ports.sasl_ssl_port}"
+                     f",SSL://127.0.0.1:{ports.ssl_port}")
     config = string.Template(_resource("kafka-server.properties")).substitute(
-        kafka_port=kafka_port, controller_port=controller_port, data_dir=paths.data
+        kafka_port=kafka_port, controller_port=controller_port, data_dir=paths.data,
+        secure_listeners=listeners,
     )
+    if secure is not None:
+        ports, secrets = secure
+        config += string.Template(_resource("kafka-secure.properties")).substitute(
+            sasl_ssl_port=ports.sasl_ssl_port, ssl_port=ports.ssl_port,
+            secrets_dir=secrets.root, keystore=secrets.kafka_keystore, ca=secrets.ca,
+            user=KAFKA_USER, password=secrets.kafka_password())
     write_text_atomic(paths.config, config)
+    paths.config.chmod(0o600)  # the PLAIN user's password
     write_text_atomic(paths.log4j, _resource("kafka-log4j2.properties"))
+
+
+def _listener_ports(paths: KafkaPaths) -> dict[str, int]:
+    """Listener name → port of the `listeners=` line of the broker's server.properties."""
+    try:
+        text = paths.config.read_text()
+    except OSError:
+        return {}
+    line = re.search(r"^listeners=(.*)$", text, re.M)
+    found = re.findall(r"([A-Z_]+)://[^:,]+:(\d+)", line.group(1) if line else "")
+    return {name: int(port) for name, port in found}
 
 
 def configured_ports(paths: KafkaPaths) -> tuple[int, int] | None:
     """(broker port, controller port) in the broker's current server.properties."""
-    try:
-        text = paths.config.read_text()
-    except OSError:
+    ports = _listener_ports(paths)
+    if "PLAINTEXT" not in ports or "CONTROLLER" not in ports:
         return None
-    broker = re.search(r"^listeners=.*PLAINTEXT://[^:,]+:(\d+)", text, re.M)
-    controller = re.search(r"^listeners=.*CONTROLLER://[^:,]+:(\d+)", text, re.M)
-    if not broker or not controller:
+    return ports["PLAINTEXT"], ports["CONTROLLER"]
+
+
+def configured_secure_listeners(paths: KafkaPaths) -> SecureListeners | None:
+    """The secure listeners in the broker's current server.properties, if it has them."""
+    ports = _listener_ports(paths)
+    if "SASL_SSL" not in ports or "SSL" not in ports:
         return None
-    return int(broker.group(1)), int(controller.group(1))
+    return SecureListeners(ports["SASL_SSL"], ports["SSL"])
 
 
 def _storage_tool(java: str, libs: Path, paths: KafkaPaths, *args: str) -> str:
@@ -359,23 +438,22 @@ def _some_server_accepts(bootstrap: str, timeout: float) -> bool:
     return False
 
 
-def probe(bootstrap: str, timeout: float = 5.0) -> tuple[bool, str]:
-    """Ask the broker for its metadata: (answers, detail)."""
-
+def probe(bootstrap: str, timeout: float = 5.0,
+          security: KafkaSecurity | None = None) -> tuple[bool, str]:
+    """Ask the broker for its metadata as a client with `security` (else the security the
+    environment asks for): (answers, detail)."""
+    try:
+        security = security or KafkaSecurity.from_env()
+    except KafkaSecurityError as exc:
+        return False, str(exc)
     if not _some_server_accepts(bootstrap, min(timeout, 2.0)):
         return False, "does not answer (no bootstrap server accepts connections)"
-
-    config: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "socket.connection.setup.timeout.ms": max(1000, int(timeout * 1000)),
-        "logger": _SILENT,
-    }
-    client = AdminClient(config)
     try:
-        metadata = client.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        reason = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
-        return False, f"does not answer ({reason})"
+        metadata = check_librdkafka_access(bootstrap, security, timeout=timeout)
+    except KafkaAccessError as exc:
+        return False, str(exc)
+    except TimeoutError as exc:
+        return False, f"does not answer ({exc})"
     if not metadata.brokers:
         return False, "answers, but reports no brokers"
     topics = sum(1 for name in metadata.topics if not name.startswith("__"))
@@ -401,7 +479,8 @@ def _wait_ready(bootstrap: str, port: int, pid: int, paths: KafkaPaths, own_chil
                 f"The Kafka broker (pid {pid}) exited{how} while starting. {_logs_hint(paths)}"
             )
         remaining = deadline - time.monotonic()
-        if port_answers(port) and probe(bootstrap, timeout=max(1.0, min(5.0, remaining)))[0]:
+        if port_answers(port) and probe(bootstrap, timeout=max(1.0, min(5.0, remaining)),
+                                        security=PLAINTEXT)[0]:
             return
         if time.monotonic() >= deadline:
             raise DevStackError(
@@ -412,12 +491,15 @@ def _wait_ready(bootstrap: str, port: int, pid: int, paths: KafkaPaths, own_chil
         time.sleep(0.2)
 
 
-def ensure_kafka(settings: Settings, echo: Echo) -> ServiceUp:
-    """Reuse the running dev broker or start one; return once it answers."""
+def ensure_kafka(settings: Settings, echo: Echo, secrets: DevSecrets | None = None
+                 ) -> ServiceUp:
+    """Reuse the running dev broker or start one; return once it answers. With `secrets`
+    (`dev up --secure`), once its secure listeners accept the dev user too."""
     if settings.kafka_from_env:
         return ServiceUp("kafka", LABEL, settings.kafka_bootstrap, "external")
     paths = kafka_paths(settings)
     port, controller_port = env.kafka_port(), env.kafka_controller_port()
+    secure = wanted_secure_listeners() if secrets is not None else None
     bootstrap = f"127.0.0.1:{port}"
     pid = running_pid(paths)
     if pid is not None:
@@ -428,26 +510,83 @@ def ensure_kafka(settings: Settings, echo: Echo) -> ServiceUp:
                 f"not {port}/{controller_port}. Run `stovepipe dev down`, then "
                 "`stovepipe dev up` again."
             )
+        running_secure = configured_secure_listeners(paths)
+        if secure is not None and running_secure != secure:
+            how = ("without secure listeners" if running_secure is None else
+                   f"with secure listeners on ports {running_secure.sasl_ssl_port}/"
+                   f"{running_secure.ssl_port}, not {secure.sasl_ssl_port}/{secure.ssl_port}")
+            raise DevStackError(
+                f"The dev-stack Kafka broker (pid {pid}) runs {how}. Run `stovepipe dev "
+                f"down`, then `stovepipe dev up --secure`.")
         _wait_ready(bootstrap, port, pid, paths, own_child=False)
-        return ServiceUp("kafka", LABEL, bootstrap, "reused", pid, paths.server_log, paths.data)
+        action = "reused"
+    else:
+        wanted = [(port, "the Kafka broker", env.ENV_DEV_KAFKA_PORT),
+                  (controller_port, "the Kafka controller", env.ENV_DEV_KAFKA_CONTROLLER_PORT)]
+        if secure is not None:
+            wanted += [(secure.sasl_ssl_port, "the Kafka SASL_SSL listener",
+                        env.ENV_DEV_KAFKA_SASL_SSL_PORT),
+                       (secure.ssl_port, "the Kafka SSL listener", env.ENV_DEV_KAFKA_SSL_PORT)]
+        for wanted_port, what, env_name in wanted:
+            if not port_free(wanted_port):
+                raise DevStackError(port_taken_message(wanted_port, what, env_name))
+        java = find_java()
+        _check_java(java)
+        libs = ensure_libs(settings, echo)
+        write_config(paths, port, controller_port,
+                     (secure, secrets) if secure is not None and secrets is not None else None)
+        ensure_formatted(java, libs, paths, echo)
+        cmd = [java, *JVM_OPTIONS, *_java_args(libs, paths), MAIN_CLASS, str(paths.config)]
+        echo(f"{LABEL}: starting the broker on {bootstrap} ...")
+        pid = _spawn(cmd, paths)
+        write_text_atomic(paths.pid, f"{pid}\n")
+        _wait_ready(bootstrap, port, pid, paths, own_child=True)
+        action = "started"
+    listeners: tuple[tuple[str, str], ...] = ()
+    running_secure = configured_secure_listeners(paths)
+    if secrets is not None and running_secure is not None:
+        _ensure_scram_user(bootstrap, secrets)
+        _wait_secure_ready(running_secure, secrets, pid, paths)
+        listeners = (("SASL_SSL", running_secure.sasl_ssl_bootstrap),
+                     ("SSL", running_secure.ssl_bootstrap))
+    return ServiceUp("kafka", LABEL, bootstrap, action, pid, paths.server_log, paths.data,
+                     listeners)
 
-    for wanted, what, env_name in (
-        (port, "the Kafka broker", env.ENV_DEV_KAFKA_PORT),
-        (controller_port, "the Kafka controller", env.ENV_DEV_KAFKA_CONTROLLER_PORT),
-    ):
-        if not port_free(wanted):
-            raise DevStackError(port_taken_message(wanted, what, env_name))
-    java = find_java()
-    _check_java(java)
-    libs = ensure_libs(settings, echo)
-    write_config(paths, port, controller_port)
-    ensure_formatted(java, libs, paths, echo)
-    cmd = [java, *JVM_OPTIONS, *_java_args(libs, paths), MAIN_CLASS, str(paths.config)]
-    echo(f"{LABEL}: starting the broker on {bootstrap} ...")
-    pid = _spawn(cmd, paths)
-    write_text_atomic(paths.pid, f"{pid}\n")
-    _wait_ready(bootstrap, port, pid, paths, own_child=True)
-    return ServiceUp("kafka", LABEL, bootstrap, "started", pid, paths.server_log, paths.data)
+
+def _ensure_scram_user(bootstrap: str, secrets: DevSecrets) -> None:
+    """The dev user's SCRAM credentials (both hashes), written over the PLAINTEXT listener;
+    idempotent."""
+    admin = AdminClient(librdkafka_conf(bootstrap, PLAINTEXT, logger=_SILENT))
+    password = secrets.kafka_password().encode()
+    try:
+        # one request per mechanism: the broker refuses two changes of a user in one
+        for mechanism in (ScramMechanism.SCRAM_SHA_512, ScramMechanism.SCRAM_SHA_256):
+            upsert = UserScramCredentialUpsertion(
+                KAFKA_USER, ScramCredentialInfo(mechanism, SCRAM_ITERATIONS), password)
+            for future in admin.alter_user_scram_credentials([upsert],
+                                                             request_timeout=30).values():
+                future.result(timeout=35)
+    except (KafkaException, TimeoutError) as exc:
+        raise DevStackError(f"Could not write the SCRAM credentials of {KAFKA_USER!r} to the "
+                            f"dev broker at {bootstrap}: {exc}") from None
+
+
+def _wait_secure_ready(listeners: SecureListeners, secrets: DevSecrets, pid: int,
+                       paths: KafkaPaths) -> None:
+    """Until the SASL_SSL listener accepts the dev user (new SCRAM credentials reach the
+    listener through the metadata log, a moment after they are written)."""
+    deadline = time.monotonic() + START_TIMEOUT
+    security = sasl_ssl_security(secrets)
+    while True:
+        ok, detail = probe(listeners.sasl_ssl_bootstrap, timeout=5.0, security=security)
+        if ok:
+            return
+        if time.monotonic() >= deadline or not pid_alive(pid):
+            raise DevStackError(
+                f"The dev broker's SASL_SSL listener {listeners.sasl_ssl_bootstrap} did not "
+                f"accept {KAFKA_USER!r} within {START_TIMEOUT:.0f} s: {detail}. "
+                f"{_logs_hint(paths)}")
+        time.sleep(0.2)
 
 
 def stop_kafka(settings: Settings) -> str:
@@ -491,6 +630,9 @@ def kafka_status(settings: Settings) -> ServiceStatus:
             "kafka", LABEL, bootstrap, False, "unhealthy",
             f"runs on port {ports[0]}, not {port}", pid, paths.server_log,
         )
-    ok, detail = probe(bootstrap)
+    ok, detail = probe(bootstrap, security=PLAINTEXT)
+    secure = configured_secure_listeners(paths)
+    if ok and secure is not None:
+        detail += f"; secure listeners: {secure.describe()}"
     return ServiceStatus("kafka", LABEL, bootstrap, ok, "running" if ok else "unhealthy",
                          detail, pid, paths.server_log)

@@ -6,6 +6,11 @@ under /var/lib/stovepipe-dev that the unprivileged `postgres` user can reach):
     <root>/data/            the cluster (initdb once); data/postmaster.pid is the pid file
     <root>/run/             unix socket directory
     <root>/postgres.log     server log
+    <root>/tls/             with `dev up --secure`: the server certificate and key of the
+                            dev CA (`streams.devstack.tls`), owned by the server's user
+
+With `--secure` the server also speaks TLS (`ssl = on`), so a DSN with
+`sslmode=verify-full&sslrootcert=<home>/dev/secure/ca.pem` connects (`verify_full_dsn`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from .common import (
     wait_until,
     write_text_atomic,
 )
+from .tls import DevSecrets
 
 DB_USER = "stovepipe"
 DB_NAME = "stovepipe"
@@ -76,6 +82,10 @@ class PgPaths:
     def pid(self) -> Path:
         return self.data / "postmaster.pid"
 
+    @property
+    def tls(self) -> Path:
+        return self.root / "tls"
+
 
 def postgres_root(settings: Settings) -> Path:
     """Where the dev-stack cluster of this `settings.home` lives."""
@@ -94,6 +104,11 @@ def pg_paths(settings: Settings) -> PgPaths:
 
 def local_dsn(port: int) -> str:
     return f"postgresql://{DB_USER}@127.0.0.1:{port}/{DB_NAME}"
+
+
+def verify_full_dsn(port: int, secrets: DevSecrets) -> str:
+    """The dev database over TLS, its certificate checked against the dev CA and host."""
+    return f"{local_dsn(port)}?sslmode=verify-full&sslrootcert={secrets.ca}"
 
 
 # --- binaries and user -----------------------------------------------------------------
@@ -255,17 +270,39 @@ def _initdb(binaries: PgBinaries, paths: PgPaths, user: RunAs | None, echo: Echo
                    f"include_if_exists = '{INCLUDE_FILE}'\n")
 
 
-def _write_settings(paths: PgPaths, port: int, user: RunAs | None) -> None:
+def _write_settings(paths: PgPaths, port: int, user: RunAs | None,
+                    secrets: DevSecrets | None = None) -> None:
     target = paths.data / INCLUDE_FILE
+    tls = ""
+    if secrets is not None:
+        cert, key = _install_server_certificate(paths, user, secrets)
+        tls = f"ssl = on\nssl_cert_file = '{cert}'\nssl_key_file = '{key}'\n"
     write_text_atomic(target, (
         "# Written by `stovepipe dev up` on every start; edits are lost.\n"
         "listen_addresses = '127.0.0.1'\n"
         f"port = {port}\n"
         f"unix_socket_directories = '{paths.run}'\n"
         "max_connections = 200\n"
+        + tls
     ))
     if user is not None:
         os.chown(target, user.uid, user.gid)
+
+
+def _install_server_certificate(paths: PgPaths, user: RunAs | None,
+                                secrets: DevSecrets) -> tuple[Path, Path]:
+    """The dev CA's server certificate and key where the server's user may read them
+    (PostgreSQL refuses a key that others may read)."""
+    _own(paths.tls, user)
+    copies = []
+    for source in (secrets.server_cert, secrets.server_key):
+        target = paths.tls / source.name
+        shutil.copyfile(source, target)
+        if user is not None:
+            os.chown(target, user.uid, user.gid)
+        target.chmod(0o600)
+        copies.append(target)
+    return copies[0], copies[1]
 
 
 def _connect(conninfo: str, timeout: float = 3.0) -> Any:
@@ -321,8 +358,10 @@ def _wait_ready(dsn: str, port: int, pid: int, paths: PgPaths) -> None:
         time.sleep(0.2)
 
 
-def ensure_postgres(settings: Settings, echo: Echo) -> ServiceUp:
-    """Reuse the running dev database or start one; return once it answers."""
+def ensure_postgres(settings: Settings, echo: Echo, secrets: DevSecrets | None = None
+                    ) -> ServiceUp:
+    """Reuse the running dev database or start one; return once it answers. With
+    `secrets` (`dev up --secure`), once it answers a `verify_full_dsn` too."""
     if settings.postgres_from_env:
         return ServiceUp("postgres", "PostgreSQL", settings.postgres_dsn, "external")
     paths = pg_paths(settings)
@@ -339,7 +378,12 @@ def ensure_postgres(settings: Settings, echo: Echo) -> ServiceUp:
                 "Run `stovepipe dev down`, then `stovepipe dev up` again."
             )
         _wait_ready(dsn, port, pid, paths)
-        return ServiceUp("postgres", label, dsn, "reused", pid, paths.log, paths.data)
+        if secrets is not None:
+            _write_settings(paths, port, run_as(), secrets)
+            os.kill(pid, signal.SIGHUP)  # TLS settings take effect on a reload
+            _wait_ready(verify_full_dsn(port, secrets), port, pid, paths)
+        return ServiceUp("postgres", label, dsn, "reused", pid, paths.log, paths.data,
+                         _tls_listeners(port, secrets))
 
     if not port_free(port):
         raise DevStackError(port_taken_message(port, "PostgreSQL", env.ENV_DEV_POSTGRES_PORT))
@@ -352,7 +396,7 @@ def ensure_postgres(settings: Settings, echo: Echo) -> ServiceUp:
     _own(paths.run, user)
     if major is None:
         _initdb(binaries, paths, user, echo)
-    _write_settings(paths, port, user)
+    _write_settings(paths, port, user, secrets)
     echo(f"{label}: starting the server on 127.0.0.1:{port} ...")
     out = _run([binaries.tool("pg_ctl"), "start", "-D", str(paths.data), "-l", str(paths.log),
                 "-w", "-t", str(int(START_TIMEOUT))], user, paths.root, START_TIMEOUT + 10)
@@ -363,7 +407,14 @@ def ensure_postgres(settings: Settings, echo: Echo) -> ServiceUp:
             f"{(out.stdout + out.stderr).strip()}). {log_hint(paths.log)}"
         )
     _wait_ready(dsn, port, running[0], paths)
-    return ServiceUp("postgres", label, dsn, "started", running[0], paths.log, paths.data)
+    if secrets is not None:
+        _wait_ready(verify_full_dsn(port, secrets), port, running[0], paths)
+    return ServiceUp("postgres", label, dsn, "started", running[0], paths.log, paths.data,
+                     _tls_listeners(port, secrets))
+
+
+def _tls_listeners(port: int, secrets: DevSecrets | None) -> tuple[tuple[str, str], ...]:
+    return () if secrets is None else (("verify-full", verify_full_dsn(port, secrets)),)
 
 
 def stop_postgres(settings: Settings) -> str:

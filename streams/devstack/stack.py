@@ -14,6 +14,7 @@ from streams.config.settings import Settings, load_settings
 from .common import DevStackError, Echo, ServiceStatus, ServiceUp, file_lock, quiet_echo
 from .kafka import ensure_kafka, kafka_status, stop_kafka
 from .postgres import ensure_postgres, postgres_status, stop_postgres
+from .tls import DevSecrets, ensure_secrets
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Stack:
     kafka: ServiceUp
     postgres: ServiceUp
     elapsed: float  # seconds `ensure_up` took
+    secrets: DevSecrets | None = None  # `ensure_up(secure=True)`: the CA, passwords, ...
 
 
 def _lock_path(settings: Settings) -> Path:
@@ -41,8 +43,11 @@ def _result(future: Future[ServiceUp], label: str, errors: list[str]) -> Service
     return None
 
 
-def ensure_up(settings: Settings | None = None, quiet: bool = False) -> Stack:
+def ensure_up(settings: Settings | None = None, quiet: bool = False,
+              secure: bool = False) -> Stack:
     """Start what is not running yet (Kafka and PostgreSQL in parallel); reuse the rest.
+    With `secure`, the broker's SASL_SSL and mutual-TLS listeners and PostgreSQL's TLS
+    too (`streams.devstack.tls`).
 
     Returns once both answer. Services given by STOVEPIPE_KAFKA_BOOTSTRAP /
     STOVEPIPE_POSTGRES_DSN are used as they are. Raises `DevStackError` (a
@@ -52,17 +57,20 @@ def ensure_up(settings: Settings | None = None, quiet: bool = False) -> Stack:
     echo: Echo = quiet_echo if quiet else click.echo
     started = time.monotonic()
     errors: list[str] = []
+    secrets = None
     try:
         with file_lock(_lock_path(settings)), ThreadPoolExecutor(2, "devstack") as pool:
-            kafka_future = pool.submit(ensure_kafka, settings, echo)
-            postgres_future = pool.submit(ensure_postgres, settings, echo)
+            secrets = ensure_secrets(settings) if secure else None
+            kafka_future = pool.submit(ensure_kafka, settings, echo, secrets)
+            postgres_future = pool.submit(ensure_postgres, settings, echo, secrets)
             kafka = _result(kafka_future, "Kafka", errors)
             postgres = _result(postgres_future, "PostgreSQL", errors)
     except OSError as exc:  # e.g. STOVEPIPE_HOME not writable
         raise DevStackError(str(exc)) from exc
     if errors or kafka is None or postgres is None:
         raise DevStackError("\n\n".join(errors))
-    return Stack(kafka.endpoint, postgres.endpoint, kafka, postgres, time.monotonic() - started)
+    return Stack(kafka.endpoint, postgres.endpoint, kafka, postgres, time.monotonic() - started,
+                 secrets)
 
 
 def stop_stack(settings: Settings | None = None) -> dict[str, str]:

@@ -4,8 +4,9 @@ the CLI reads it too)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from streams.config.kafka_security import KafkaSecurity
 from streams.config.settings import DEFAULT_MAX_IN_FLIGHT
 from streams.config.topics import RetryPolicy, TopicsConfig, TopicSpec
 from streams.runtime.kafka import TopicRoute
@@ -25,6 +26,7 @@ class WorkerConfig:
     web_port: int | None = None
     commit_interval: float = 0.5
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT  # messages under way per stage at once
+    security: KafkaSecurity = field(default_factory=KafkaSecurity)  # TLS, SASL of its clients
 
 
 def retry_of(policy: RetryPolicy, park_after: int | None = None) -> Retry:
@@ -36,9 +38,11 @@ def retry_of(policy: RetryPolicy, park_after: int | None = None) -> Retry:
 
 def worker_config(topics: TopicsConfig, *, app_id: str, bootstrap: str,
                   consumed: Iterable[str], web_port: int | None = None,
-                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> WorkerConfig:
+                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                  security: KafkaSecurity | None = None) -> WorkerConfig:
     """The config of a worker consuming the topic entries ``consumed`` (e.g. ``process``,
-    ``process_dlq``); it may publish to every stage topic."""
+    ``process_dlq``); it may publish to every stage topic. Its Kafka clients connect with
+    ``security``, else with what the environment asks for."""
     specs: list[TopicSpec] = [*topics.stages.values(), *topics.dead_letters.values()]
     routes = {}
     for entry in consumed:
@@ -56,6 +60,7 @@ def worker_config(topics: TopicsConfig, *, app_id: str, bootstrap: str,
         delay_tiers={t.full_name: t.delay.total_seconds() for t in topics.delay_tiers},
         web_port=web_port,
         max_in_flight=max_in_flight,
+        security=security or KafkaSecurity.from_env(),
     )
 
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
+from streams.config.kafka_security import KafkaSecurity, aiokafka_conf
 from streams.runtime import headers as h
 from streams.runtime import liveness, metrics
 from streams.runtime.policy import choose_tier, tier_wake_time
@@ -114,12 +115,13 @@ class DelayScheduler:
     """Consumes every tier topic and re-produces each message when it is due."""
 
     def __init__(self, *, bootstrap: str, group_id: str, tiers: DelayTiers,
-                 producer: AIOKafkaProducer, fetch_max_wait_ms: int = 50) -> None:
+                 producer: AIOKafkaProducer, fetch_max_wait_ms: int = 50,
+                 security: KafkaSecurity | None = None) -> None:
         self.tiers = tiers
         self.producer = producer
         self.group_id = group_id
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
+            **aiokafka_conf(bootstrap, security), group_id=group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", fetch_max_wait_ms=fetch_max_wait_ms,
             max_poll_records=1000, session_timeout_ms=10_000, heartbeat_interval_ms=1_000,
         )

@@ -4,6 +4,8 @@
   CLI): one producer, every publish awaited until the broker acknowledges it.
 - `producer_conf`: confluent-kafka, for synchronous tools (the operator commands, tests,
   load generators), configured to partition exactly like the workers.
+
+Both connect with the TLS and SASL settings of `streams.config.kafka_security`.
 """
 
 from __future__ import annotations
@@ -15,24 +17,25 @@ from typing import Any, Self
 from aiokafka import AIOKafkaProducer
 from google.protobuf.message import Message
 
+from streams.config.kafka_security import KafkaSecurity, aiokafka_conf, librdkafka_conf
 from streams.runtime.stage import publish_payload
 
 
-def producer_conf(bootstrap: str, **extra: Any) -> dict[str, Any]:
+def producer_conf(bootstrap: str, *, security: KafkaSecurity | None = None,
+                  **extra: Any) -> dict[str, Any]:
     """A producer that partitions like the workers (aiokafka and Java use murmur2).
 
     librdkafka's default partitioner hashes keys differently; with it a message keyed by a
     queue would land on another partition than the worker's own redeliveries of the same
     key, breaking per-key order (and per-queue single-writer on `process`).
     """
-    return {
-        "bootstrap.servers": bootstrap,
+    return librdkafka_conf(bootstrap, security, **{
         "partitioner": "murmur2_random",
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 0,
         **extra,
-    }
+    })
 
 
 @dataclass(frozen=True)
@@ -52,9 +55,10 @@ class KafkaPublisher:
     a failure is `PublishFailed` (retryable). Use ``async with`` or start()/stop()."""
 
     def __init__(self, bootstrap: str, routes: Mapping[str, TopicRoute], *,
-                 request_timeout_ms: int = 30_000) -> None:
+                 request_timeout_ms: int = 30_000, security: KafkaSecurity | None = None
+                 ) -> None:
         self.routes = dict(routes)
-        self.producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
+        self.producer = AIOKafkaProducer(**aiokafka_conf(bootstrap, security), acks="all",
                                          enable_idempotence=True, linger_ms=0,
                                          request_timeout_ms=request_timeout_ms)
 

@@ -16,6 +16,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from streams.config.kafka_security import KafkaSecurity, librdkafka_conf
 from streams.config.topics import DelayTier, TopicsConfig, TopicSpec
 
 DEFAULT_ADMIN_TIMEOUT = 5.0  # seconds; every admin call is bounded, so is every command
@@ -225,6 +226,7 @@ def ensure_topics(
     return TopicsReport(tuple(statuses[t.full_name] for t in wanted))
 
 
-def admin_conf_for(bootstrap: str) -> dict[str, Any]:
-    """A minimal AdminClient configuration for `bootstrap`."""
-    return {"bootstrap.servers": bootstrap}
+def admin_conf_for(bootstrap: str, security: KafkaSecurity | None = None) -> dict[str, Any]:
+    """An AdminClient configuration for `bootstrap`, with the environment's TLS and SASL
+    settings (or `security`)."""
+    return librdkafka_conf(bootstrap, security)

@@ -22,6 +22,7 @@ from mode import Service
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from store import Database
+from streams.config.kafka_security import faust_conf
 from streams.config.settings import load_settings
 from streams.runtime import logs, metrics, timings
 from streams.runtime.config import WorkerConfig
@@ -131,14 +132,14 @@ class RuntimeService(Generic[D]):
         logs.install()  # logging is configured by now: bound every line, damp floods
         deps, park, close = await self.open_deps()
         self._close_deps = close
-        self._publisher = KafkaPublisher(cfg.bootstrap, cfg.topics)
+        self._publisher = KafkaPublisher(cfg.bootstrap, cfg.topics, security=cfg.security)
         await self._publisher.start()
         tiers = DelayTiers(cfg.delay_tiers)
         producer = self._publisher.producer
         self.delivery = Delivery(producer=producer, tiers=tiers, routes=cfg.routes,
                                  publish=self._publisher, park=park, deps=deps)
         self._scheduler = DelayScheduler(bootstrap=cfg.bootstrap, group_id=f"{cfg.app_id}-delay",
-                                         tiers=tiers, producer=producer)
+                                         tiers=tiers, producer=producer, security=cfg.security)
         await self._scheduler.start()
         self._timers = [asyncio.create_task(run_periodically(t, deps, self._publisher),
                                             name=f"periodic-{t.name}")
@@ -165,7 +166,8 @@ def build_app(config: WorkerConfig, stages: Sequence[Stage[Any]], open_deps: Ope
     """The Faust application for ``stages``. It declares and creates no topic: they come
     from ``stovepipe topics create``."""
     settings: dict[str, Any] = {
-        "broker": f"kafka://{config.bootstrap}",
+        # the broker URLs and credentials of Faust's consumer, producer and admin client
+        **faust_conf(config.bootstrap, config.security),
         "topic_allow_declare": False,
         "topic_disable_leader": True,
         "consumer_auto_offset_reset": "earliest",

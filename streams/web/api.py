@@ -370,6 +370,7 @@ def mount(app: faust.App, runtime: RuntimeService[Deps], *, api_token: str | Non
     config = runtime.config
     dead_letters = queries.DeadLetterDepths(
         bootstrap=config.bootstrap, group=config.app_id, ttl=DLQ_CACHE_SECONDS,
+        security=config.security,
         topics={key: route.dlq_topic for key, route in config.routes.items()
                 if route.dlq_topic})
     api = Api(runtime, api_token=api_token, dead_letters=dead_letters)

@@ -25,6 +25,7 @@ from store import (
     ValidationFact,
     parse_request_id,
 )
+from streams.config.kafka_security import KafkaSecurity, librdkafka_conf
 from streams.config.names import validate_queue_name
 from streams.extensions.sourcecontrol import SourceControlError
 from streams.runtime.topic_admin import read_watermarks
@@ -244,8 +245,10 @@ class DeadLetterDepths:
     per ``ttl`` seconds however many callers ask."""
 
     def __init__(self, *, bootstrap: str, group: str, topics: Mapping[str, str],
-                 ttl: float = 5.0, timeout: float = 5.0) -> None:
+                 ttl: float = 5.0, timeout: float = 5.0,
+                 security: KafkaSecurity | None = None) -> None:
         self.bootstrap = bootstrap
+        self.security = security
         self.group = group
         self.topics = dict(topics)  # stage key -> dead-letter topic name
         self.ttl = ttl
@@ -269,8 +272,8 @@ class DeadLetterDepths:
     def _measure(self) -> list[DeadLetterDepth]:
 
         # Never subscribes, so it does not join the group: it only reads its offsets.
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group,
-                             "enable.auto.commit": False, "socket.timeout.ms": 5000})
+        consumer = Consumer(librdkafka_conf(self.bootstrap, self.security, **{
+            "group.id": self.group, "enable.auto.commit": False, "socket.timeout.ms": 5000}))
         try:
             depths = []
             for stage, topic in sorted(self.topics.items()):
