@@ -18,6 +18,7 @@
                                          build links and time to signal (?limit=1..200)
     GET  /api/queues/{queue}/explain     the branch's story since its last green commit,
                                          newest first, in words (streams/web/story.py)
+                                         (?project=P: the story of project P)
     GET  /api/queues/{queue}/health      time to signal, share of time red, red streak,
                                          bookmark lag (commits, time), flakes
     GET  /api/queues/{queue}/greens      green commits in history order after
@@ -27,8 +28,19 @@
                                          its commit's answer
     GET  /api/queues/{queue}/green?sha=S is this commit green, and if not, its newest green
                                          ancestor and its oldest green descendant
+                                         (&project=P: for project P)
     GET  /api/facts?queue=Q&sha=S        is this commit green? (no fact: not green); the
                                          commit by full sha, unique prefix, or uri=U
+                                         (&project=P: for project P, and whether it is
+                                         unaffected, inheriting from which commit)
+    GET  /api/queues/{queue}/last-green  the newest commit green for every project of
+                                         ?projects=a,b with each one's fact (none: the
+                                         queue's bookmark); &format=text: the bare sha
+    GET  /api/queues/{queue}/projects    each project at the head: green, red, pending,
+                                         unvalidated or unaffected, its bookmark, red
+                                         streak and culprit
+    GET  /api/queues/{queue}/projects/{p}  one project likewise; ?format=text: the bare
+                                         sha of its last green commit
     GET  /api/dlq                        dead letters waiting for their reconcilers
     POST /webhooks/github                a GitHub push webhook (streams/web/webhooks.py)
     POST /webhooks/gitlab                a GitLab push webhook
@@ -38,7 +50,8 @@
 Queue names and request ids contain '/'. Both may be written as they are or URL-encoded
 (`/api/queues/team%2Fmain`); a queue whose name itself ends in `/requests`, `/green`,
 `/ingest`, `/retry`, `/pin` or `/unpin` can only be named encoded.
-So can one whose name ends in `/history`, `/explain`, `/health` or `/greens`.
+So can one whose name ends in `/history`, `/explain`, `/health`, `/greens`,
+`/last-green` or `/projects`, or in `/projects/<a name>`.
 
 A deploy gate always gets an answer it can read `.green` from: a commit the repository
 does not have is `"green": false, "known": false` with the reason (200), not an error.
@@ -292,8 +305,12 @@ class Api(Reads):
 
 # Registration order matters where patterns overlap: the `/ingest`, `/retry`, `/requests`
 # and `/green` routes are tried before the plain queue route, whose name may contain '/'
-# (and so is `/history`).
+# (and so is `/history`); `/projects/{project}` first of all, so that a project may be
+# named like one of those suffixes.
 _ROUTES: tuple[tuple[str, str, str], ...] = (
+    ("get", "/api/queues/{queue:.+}/projects/{project:[^/]+}", "project"),
+    ("get", "/api/queues/{queue:.+}/projects", "projects"),
+    ("get", "/api/queues/{queue:.+}/last-green", "last_green"),
     ("post", "/api/queues/{queue:.+}/ingest", "ingest"),
     ("post", "/api/queues/{queue:.+}/retry", "retry"),
     ("post", "/api/queues/{queue:.+}/pin", "pin"),

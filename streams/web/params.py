@@ -21,6 +21,26 @@ def required_param(request: web.Request, name: str) -> str:
     return value
 
 
+def project_param(request: web.Request) -> str | None:
+    """The project a gate asks about (``project=P``), or None for the whole repository."""
+    given = request.query.getall("project", [])
+    if not given:
+        return None
+    if len(given) > 1 or not given[0].strip():
+        raise ApiError(400, "name one project with the query parameter 'project', e.g. "
+                            "project=api (leave it out to ask about the whole repository)")
+    return given[0].strip()
+
+
+def format_param(request: web.Request) -> str:
+    """``json`` (the default) or ``text`` (``format=text``: the bare sha)."""
+    wanted = request.query.get("format", "json")
+    if wanted not in ("json", "text"):
+        raise ApiError(400, f"query parameter 'format' is 'json' (the default) or 'text' "
+                            f"(the bare sha), got {wanted[:40]!r}")
+    return wanted
+
+
 def commit_param(request: web.Request) -> tuple[str, str]:
     """("sha", value) or ("uri", value): the commit a gate asks about, named exactly one
     way."""
