@@ -246,7 +246,8 @@ def test_alert_bodies(migrated_dsn: str, tmp_path: Path, fake: FakeServices,
     _run(migrated_dsn, _queues(tmp_path, fake.github_api), body)
     link = "https://stovepipe.example/#request=request/q/2"
     assert fake.delivered(WEBHOOK) == [{
-        "event": "red", "queue": "q", "uri": "fake://r/q-main/c2-fail", "sha": "c2-fail",
+        "event": "red", "queue": "q", "project": None, "uri": "fake://r/q-main/c2-fail",
+        "sha": "c2-fail",
         "request_id": "request/q/2", "previous": "green", "at": "2026-01-01T00:00:00+00:00",
         "link": link}]
     assert fake.delivered(SLACK) == [{

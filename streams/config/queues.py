@@ -184,6 +184,12 @@ class QueueConfig:
         """The channels the queue's transition alerts go to (empty: none)."""
         return self.notify.alert_channels if self.notify is not None else ()
 
+    def posts_unaffected_status(self, project: str) -> bool:
+        """Whether ``project``'s commit status is set on the heads that do not affect it
+        (``notify.github_status.unaffected``)."""
+        status = self.notify.github_status if self.notify is not None else None
+        return status is not None and status.posts_unaffected(project)
+
     @property
     def blocking_projects(self) -> tuple[str, ...]:
         """The projects whose answer makes the queue's whole-repository answer."""
@@ -459,7 +465,7 @@ def _merge(name: str, where: str, entry: QueueFields, defaults: QueueFields,
     knobs = {k: pick(k) for k in _KNOBS if pick(k) is not None}
     notify = _notify(pick("notify"), source_control, where, problems)
     projects = _projects(entry.projects or {}, source_control, where, problems)
-    if projects is None:
+    if projects is None or not _unaffected_statuses_named(notify, projects, where, problems):
         return None
     return QueueConfig(name=name, source_control=source_control, build_runner=build_runner,
                        notify=notify, projects=MappingProxyType(projects), **knobs)
@@ -491,6 +497,22 @@ def _projects(projects: dict[str, ProjectSpec], source_control: SourceControlSpe
                 spec, build_runner=dataclasses.replace(runner, repository=repository))
         checked[name] = spec
     return checked
+
+
+def _unaffected_statuses_named(notify: NotifySpec | None, projects: Mapping[str, ProjectSpec],
+                               where: str, problems: Problems) -> bool:
+    """Whether ``notify.github_status.unaffected`` names only the queue's projects (a
+    queue without projects has none to name: the setting means nothing there)."""
+    status = notify.github_status if notify is not None else None
+    if status is None or not projects or not isinstance(status.unaffected, tuple):
+        return True
+    unknown = [name for name in status.unaffected if name not in projects]
+    if unknown:
+        problems.add(f"{where}.notify.github_status.unaffected",
+                     f"names no project of this queue: {', '.join(unknown[:5])}; its "
+                     f"projects are {', '.join(list(projects)[:10])}"
+                     f"{' …' if len(projects) > 10 else ''}")
+    return not unknown
 
 
 def scope_configs(queue: QueueConfig) -> dict[str, QueueConfig]:

@@ -11,7 +11,11 @@ from typing import Any
 from aiohttp import web
 
 from store import NotFound
-from streams.config.names import UnknownQueue, validate_queue_name
+from streams.config.names import (
+    UnknownQueue,
+    validate_queue_name,
+    validate_queue_or_scope_name,
+)
 from streams.extensions.sourcecontrol import CommitNotFound
 from streams.runtime.stage import Delivery
 from streams.stages import gauges
@@ -187,7 +191,7 @@ class Reads:
 
     async def build_log(self, request: web.Request, queue: str,
                         build_id: str) -> web.Response:
-        validate_queue_name(queue)
+        validate_queue_or_scope_name(queue)  # a project's builds are its scope's
         deps = self._delivery().deps
         deps.queue_config(queue)
         async with asyncio.timeout(READ_DEADLINE):
