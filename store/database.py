@@ -33,6 +33,7 @@ from store.ingest_leases import IngestLeaseStore
 from store.notifications import NotificationStore
 from store.parked import ParkedStore
 from store.pins import PinStore
+from store.project_views import ProjectViewStore
 from store.projects import ProjectStore
 from store.queues import QueueStore
 from store.request_uris import RequestUriStore
@@ -63,6 +64,7 @@ class Stores:
         self.commit_infos = CommitInfoStore(source)
         self.pins = PinStore(source)
         self.projects = ProjectStore(source)
+        self.project_views = ProjectViewStore(source)
 
 
 class _PoolSource:

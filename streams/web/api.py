@@ -16,6 +16,10 @@
     GET  /api/queues/{queue}/history     its last heads and built commits in history
                                          order, newest first, with subjects, authors,
                                          build links and time to signal (?limit=1..200)
+    GET  /api/queues/{queue}/grid        a queue with projects: its last heads by its
+                                         projects, each cell the project's answer there,
+                                         and each project's bookmark and culprit
+                                         (?limit=1..100; streams/web/grid.py)
     GET  /api/queues/{queue}/explain     the branch's story since its last green commit,
                                          newest first, in words (streams/web/story.py)
     GET  /api/queues/{queue}/health      time to signal, share of time red, red streak,
@@ -38,7 +42,7 @@
 Queue names and request ids contain '/'. Both may be written as they are or URL-encoded
 (`/api/queues/team%2Fmain`); a queue whose name itself ends in `/requests`, `/green`,
 `/ingest`, `/retry`, `/pin` or `/unpin` can only be named encoded.
-So can one whose name ends in `/history`, `/explain`, `/health` or `/greens`.
+So can one whose name ends in `/history`, `/grid`, `/explain`, `/health` or `/greens`.
 
 A deploy gate always gets an answer it can read `.green` from: a commit the repository
 does not have is `"green": false, "known": false` with the reason (200), not an error.
@@ -300,6 +304,7 @@ _ROUTES: tuple[tuple[str, str, str], ...] = (
     ("post", "/api/queues/{queue:.+}/unpin", "unpin"),
     ("get", "/api/queues/{queue:.+}/requests", "queue_requests"),
     ("get", "/api/queues/{queue:.+}/history", "queue_history"),
+    ("get", "/api/queues/{queue:.+}/grid", "queue_grid"),
     ("get", "/api/queues/{queue:.+}/green", "green"),
     ("get", "/api/queues/{queue:.+}/greens", "greens"),
     ("get", "/api/queues/{queue:.+}/explain", "explain"),

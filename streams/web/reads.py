@@ -20,7 +20,7 @@ from streams.extensions.sourcecontrol import CommitNotFound
 from streams.runtime.stage import Delivery
 from streams.stages import gauges
 from streams.stages.deps import Deps
-from streams.web import gate, greens, history, queries, story
+from streams.web import gate, greens, grid, history, queries, story
 from streams.web.errors import ApiError
 from streams.web.params import commit_param, int_param, required_param
 from streams.web.responses import json_answer
@@ -73,6 +73,15 @@ class Reads:
         async with asyncio.timeout(READ_DEADLINE):
             return json_answer(await history.queue_history(deps, queue, limit,
                                                      self._commit_descriptions))
+
+    async def queue_grid(self, request: web.Request, queue: str) -> web.Response:
+        limit = int_param(request, "limit", grid.DEFAULT_LIMIT, 1, grid.MAX_LIMIT)
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        deps.queue_config(queue)
+        async with asyncio.timeout(READ_DEADLINE):
+            return json_answer(await grid.project_grid(deps, queue, limit,
+                                                       self._commit_descriptions))
 
     @cached_property
     def _commit_descriptions(self) -> history.CommitDescriptions:
