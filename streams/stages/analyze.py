@@ -93,7 +93,8 @@ async def handle_parent(ctx: StageContext, request: Request, config: QueueConfig
                      len(planned.plan.inherited), planned.plan.everything or "-")
         for child in children:
             await ctx.publish(TopicKey.BUILD, BuildRequest(
-                id=child.id, queue_name=child.queue, nonce=child.nonce, attempt=1))
+                id=child.id, queue_name=child.queue, nonce=child.nonce, attempt=1,
+                project=split_scope(child.queue)[1] or ""))
     await decide(ctx, request.queue, request.id)
     current = await deps.db.requests.get(request.queue, request.id)
     if current.state is RequestState.PROCESSING:
