@@ -40,7 +40,7 @@ from streams.config.projects import scope_name
 from streams.extensions.sourcecontrol import commit_sha
 from streams.stages.analyze import child_id
 from streams.web import story
-from streams.web.history import BuildLink, CommitDescriptions, build_linker, outcome_of
+from streams.web.history import BuildLink, build_linker, outcome_of
 from streams.web.story_words import CulpritView, SearchView
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ class ProjectGrid:
 
 
 async def project_grid(deps: Deps, queue: str, limit: int,
-                       descriptions: CommitDescriptions) -> ProjectGrid:
+                       descriptions: story.Descriptions) -> ProjectGrid:
     """The grid of the queue's last ``limit`` Requests (a queue without projects has an
     empty one). The caller has checked the queue is configured; ValueError for a limit out
     of range."""
@@ -243,7 +243,7 @@ def _unplanned_state(request: Request) -> CellState:
 
 async def _column(deps: Deps, queue: str, project: str, blocking: bool,
                   standing: ProjectStanding | None,
-                  descriptions: CommitDescriptions) -> ProjectColumn:
+                  descriptions: story.Descriptions) -> ProjectColumn:
     if standing is None:
         return ProjectColumn(project, blocking, None, None, 0, None, None, None)
     bookmark = None

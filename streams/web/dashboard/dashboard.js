@@ -199,19 +199,6 @@ function renderQueue(queue, recent, extra) {
 
 // --- a queue's projects: each project's answer at each head (GET …/grid) ---------------
 
-// What a cell of the grid says, in words and a symbol (never colour alone); an inherited
-// answer (the head does not affect the project) is drawn pale, dashed and says so.
-const GRID_STATES = {
-  green: { symbol: "✓", word: "green" },
-  red: { symbol: "✗", word: "red" },
-  pending: { symbol: "▶", word: "pending" },
-  unvalidated: { symbol: "?", word: "could not validate" },
-  cancelled: { symbol: "⊘", word: "cancelled" },
-  waiting: { symbol: "…", word: "waiting" },
-  superseded: { symbol: "»", word: "superseded" },
-  none: { symbol: "·", word: "not planned" },
-};
-
 function gridWord(cell) {
   const word = (GRID_STATES[cell.state] || { word: cell.state }).word;
   if (cell.inherited) return "unaffected: inherits " + word + " from " + shortSha(cell.source_sha);
@@ -320,6 +307,13 @@ const OUTCOMES = {
   running: { symbol: "▶", word: "running" },
   waiting: { symbol: "…", word: "waiting" },
   cancelled: { symbol: "⊘", word: "cancelled" },
+};
+// What a cell of the projects' grid says, in words and a symbol (never colour alone); an
+// inherited answer (the head does not affect the project) is drawn pale, dashed and says so.
+const GRID_STATES = {
+  green: OUTCOMES.green, red: OUTCOMES.red, pending: { symbol: OUTCOMES.running.symbol, word: "pending" },
+  unvalidated: OUTCOMES.unvalidated, cancelled: OUTCOMES.cancelled, waiting: OUTCOMES.waiting,
+  superseded: OUTCOMES.superseded, none: { symbol: "·", word: "not planned" },
 };
 // the story also tells the commits of a culprit search's range that were never built
 const STORY_ONLY = { unbuilt: { symbol: "·", word: "never built" } };
