@@ -259,7 +259,8 @@ def test_validate_again_from_the_request_view(web: WebPipeline, tmp_path: Path) 
     web.repo.push(ref, "b2-queued100")  # never starts: it cannot be validated
     failed = web.post("/api/queues/team/main/ingest").body["request_id"]
     web.wait_terminal([failed])
-    why = "could not be validated (1 attempt): it did not start within the poll deadline (2s)"
+    why = ("could not be validated (1 attempt): at the start deadline (2s since its trigger, "
+           "never started) it was queued for an agent")
 
     async def drive(port: int) -> str:
         async with Page(port) as page:

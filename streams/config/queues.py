@@ -152,12 +152,6 @@ class QueueConfig:
     webhook_repository: str | None = None  # what push webhooks name its repository by
 
     @property
-    def start_within(self) -> timedelta:
-        """How long a build may wait for an agent, a person or an approval before it
-        starts: ``start_deadline``, else ``poll_deadline``."""
-        return self.start_deadline if self.start_deadline is not None else self.poll_deadline
-
-    @property
     def status_channels(self) -> tuple[str, ...]:
         """The channels a Request's commit statuses go to (empty: none)."""
         return self.notify.status_channels if self.notify is not None else ()

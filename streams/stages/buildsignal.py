@@ -139,7 +139,9 @@ def past_deadline(build: Build, config: QueueConfig) -> str | None:
         if build.run_age > deadline:
             return f"the poll deadline ({deadline:.0f}s since it started)"
         return None
-    deadline = seconds(config.start_within)
+    # how long it may wait for an agent, a runner or a free slot before it starts
+    deadline = seconds(config.start_deadline if config.start_deadline is not None
+                       else config.poll_deadline)
     if build.age > deadline:
         return f"the start deadline ({deadline:.0f}s since its trigger, never started)"
     return None
