@@ -2,16 +2,20 @@
 127.0.0.1 (an ephemeral port) implementing the documented endpoints, states and errors.
 
 - `FakeBuildkite`: Buildkite REST v2 builds — create, list (filtered by ``meta_data[…]``,
-  ``commit``, ``branch``, ``state``), get, cancel (``422`` unless scheduled, running or
-  failing).
+  ``commit``, ``branch``, ``state``, ``created_from``), get (with its jobs unless
+  ``exclude_jobs=true``), cancel (``422`` unless scheduled, running or failing).
 - `FakeGitHub`: GitHub Actions — workflow dispatch (``return_run_details``, declared inputs,
   ``run-name`` rendered into ``display_title``), list a workflow's runs (``event``,
-  ``branch``, ``created=>=…``, pages), get a run, cancel (``409`` once completed).
+  ``branch``, ``created=>=…``, pages), get a run, cancel (``409`` once completed), list
+  the jobs of a run's attempt, list a check run's annotations.
 
 Both check the bearer token (``401`` otherwise), record every request, and can be told to
 answer the next matching requests with any status and headers (429 with ``Retry-After``,
 5xx, 401, 404, …) or to hang until the server stops (a timeout for the client). Tests move
-builds between states with `set_state` / `set_run`.
+builds between states with `set_state` / `set_run`, give them jobs (`bk_job`, `gh_job`)
+and annotations (`gh_annotation`) shaped as the providers publish them, or `plan` a build
+by the clock: queued for an agent (a runner) for N s, then running M s, then ended — a
+congested CI.
 
 A server runs on the test's event loop (``async with fake.serving()``) or on a thread of
 its own (``with fake.in_thread()``) for worker processes to call. State is guarded by a

@@ -201,8 +201,7 @@ class RunEndings:
         self._endings.put(key, answer, ending)
         return ending
 
-    async def _failure(self, repository: str,
-                                 jobs: list[dict[str, Any]]) -> Ending:
+    async def _failure(self, repository: str, jobs: list[dict[str, Any]]) -> Ending:
         """A failed run: red unless every failed job never got a runner or lost it (note
         (2) of the module docstring)."""
         by_runner: list[str] = []
@@ -221,15 +220,12 @@ class RunEndings:
                                                          f"than {ANNOTATION_LOOKS} failed "
                                                          f"jobs; not all looked at)")
             looks += 1
-            try:
-                annotations = await self._annotations(repository, job)
-            except BuildRunnerError as exc:
-                if exc.retryable:
-                    raise
+            annotations = await self._annotations(repository, job)
+            if annotations is None:
                 return Ending(BuildStatus.FAILED, detail=(
                     f"GitHub: job {name} failed (its annotations could not be read, so a "
                     f"lost runner cannot be told from a failure: give the token the "
-                    f"'Checks: read' permission; {exc})"))
+                    f"'Checks: read' permission)"))
             if not annotations_say(annotations, LOST_RUNNER_WORDS):
                 return Ending(BuildStatus.FAILED, detail=f"GitHub: job {name} failed")
             by_runner.append(f"{name} lost its runner")
@@ -242,8 +238,7 @@ class RunEndings:
         return Ending(BuildStatus.FAILED, detail="GitHub reports it failed (no job of it "
                                                  "failed)")
 
-    async def _cancelled(self, repository: str,
-                                   jobs: list[dict[str, Any]]) -> Ending:
+    async def _cancelled(self, repository: str, jobs: list[dict[str, Any]]) -> Ending:
         """A cancelled run: could not validate when no job of it ran or its concurrency
         group cancelled it; otherwise a person's cancel (note (4) of the module
         docstring)."""
@@ -258,11 +253,8 @@ class RunEndings:
             if looks >= ANNOTATION_LOOKS:
                 break
             looks += 1
-            try:
-                annotations = await self._annotations(repository, job)
-            except BuildRunnerError as exc:
-                if exc.retryable:
-                    raise
+            annotations = await self._annotations(repository, job)
+            if annotations is None:
                 break  # cannot tell: a person's cancel, as it always was
             if annotations_say(annotations, CONCURRENCY_CANCEL_WORDS):
                 return Ending(BuildStatus.FAILED, unvalidated=(
@@ -284,13 +276,22 @@ class RunEndings:
                 break
         return jobs
 
-    async def _annotations(self, repository: str, job: Mapping[str, Any]) -> list[Any]:
+    async def _annotations(self, repository: str,
+                           job: Mapping[str, Any]) -> list[Any] | None:
         """The annotations of the job's check run (a job's check run has the job's id;
-        its ``check_run_url`` says so)."""
+        its ``check_run_url`` says so); None when they cannot be read (a non-retryable
+        answer: a token without "Checks: read"); a retryable failure is raised."""
         check_run = str(job.get("check_run_url") or "").rstrip("/").rsplit("/", 1)[-1]
         if not check_run.isdigit():
             check_run = str(job.get("id"))
-        answer = await self.api.call(
-            "GET", f"/repos/{repository}/check-runs/{check_run}/annotations",
-            params={"per_page": str(PER_PAGE)})
+        try:
+            answer = await self.api.call(
+                "GET", f"/repos/{repository}/check-runs/{check_run}/annotations",
+                params={"per_page": str(PER_PAGE)})
+        except BuildRunnerError as exc:
+            if exc.retryable:
+                raise
+            log.warning("github_actions_annotations_unreadable repository=%s check_run=%s "
+                        "error=%s", repository, check_run, exc)
+            return None
         return answer.body if isinstance(answer.body, list) else []
