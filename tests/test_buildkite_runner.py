@@ -153,6 +153,7 @@ REPORTS = [
     ("blocked", False, BuildStatus.RUNNING, BLOCK_STEP, "", False, False, True),
     ("passed", True, BuildStatus.RUNNING, BLOCK_STEP, "", False, False, True),
     ("running", True, BuildStatus.RUNNING, BLOCK_STEP, "", False, False, True),
+    ("failing", True, BuildStatus.RUNNING, "", "", False, False, True),
     ("passed", False, BuildStatus.SUCCEEDED, "", "", False, False, True),
     ("failed", False, BuildStatus.FAILED, "", "", False, True, True),
     ("failed", True, BuildStatus.FAILED, "", "", False, True, True),

@@ -123,6 +123,8 @@ def waiting_of(state: str, blocked: bool) -> str:
         return WAITING_FOR_AGENT
     if state == "canceling":
         return WAITING_FOR_CANCEL
+    if state == "failing":
+        return ""  # a job of it failed and others run: a hang there is the build's own
     if (state == "blocked" or blocked) and status_of(state, blocked) is BuildStatus.RUNNING:
         return WAITING_AT_BLOCK_STEP
     return ""
