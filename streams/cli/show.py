@@ -167,7 +167,11 @@ def _red_since_lines(culprit: CulpritView | None, search: SearchView | None) -> 
     lines = []
     if culprit is not None:
         who = f" by {culprit.author}" if culprit.author else ""
-        lines.append(f"  red since   {culprit.sha or culprit.uri}{who}")
+        label = "red since" if culprit.confirmed else "a break  "
+        lines.append(f"  {label}   {culprit.sha or culprit.uri}{who}")
+        if not culprit.confirmed:
+            lines.append(f"              not confirmed as the head's: "
+                         f"{culprit.unconfirmed_reason}")
         if culprit.subject:
             lines.append(f"              {culprit.subject}")
         if culprit.committed_at:

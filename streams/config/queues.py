@@ -116,12 +116,18 @@ class BackfillSpec:
     on the queue's runner) never does."""
 
     mode: Annotated[str, BeforeValidator(_backfill_mode)] = "off"
-    # builds one search may spend (about log2(n) for n commits; a flaky re-run counts)
+    # builds that ran (gave a verdict) one search may spend, re-runs under retry.red
+    # included; a probe starts only while 1 + retry.red more builds fit
     max_builds: PositiveInt = 10
     # backfill builds of the queue at once, besides its max_concurrent heads
     max_concurrent: PositiveInt = 1
     # commits a search lists at most (a longer red range is searched in its newest part)
     max_commits: PositiveInt = 1000
+    # a commit whose probe could not validate it is probed again after `probe_backoff`,
+    # doubling each time (at most PROBE_BACKOFF_CAP), and passed by after this many
+    # probes of it could not validate it
+    unvalidated_probes: PositiveInt = 5
+    probe_backoff: Duration = timedelta(minutes=5)
 
     @property
     def enabled(self) -> bool:
