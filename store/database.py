@@ -34,6 +34,7 @@ from store.notifications import NotificationStore
 from store.parked import ParkedStore
 from store.pins import PinStore
 from store.project_answers import ProjectAnswerStore
+from store.project_views import ProjectViewStore
 from store.projects import ProjectStore
 from store.queues import QueueStore
 from store.request_uris import RequestUriStore
@@ -65,6 +66,7 @@ class Stores:
         self.pins = PinStore(source)
         self.projects = ProjectStore(source)
         self.project_answers = ProjectAnswerStore(source)
+        self.project_views = ProjectViewStore(source)
 
 
 class _PoolSource:

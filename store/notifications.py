@@ -68,8 +68,9 @@ _COLUMNS = "id, queue, key, channel, stream, event, attempts, created_at, outcom
 _ADD_STATUS = _sql("""
 INSERT INTO notification (queue, key, channel, stream, event)
 SELECT %(queue)s, 'status:' || ch || ':' || %(request_id)s || ':final', ch, %(request_id)s,
-       jsonb_build_object('kind', 'status', 'state', %(state)s, 'request_id', %(request_id)s,
-                          'uri', %(uri)s, 'description', %(description)s, 'at', now())
+       jsonb_build_object('kind', 'status', 'state', %(state)s::text,
+                          'request_id', %(request_id)s::text, 'uri', %(uri)s::text,
+                          'description', %(description)s::text, 'at', now())
   FROM unnest(%(channels)s::text[]) AS ch
 ON CONFLICT (queue, key) DO NOTHING
 """)

@@ -246,12 +246,53 @@ def test_alert_bodies(migrated_dsn: str, tmp_path: Path, fake: FakeServices,
     _run(migrated_dsn, _queues(tmp_path, fake.github_api), body)
     link = "https://stovepipe.example/#request=request/q/2"
     assert fake.delivered(WEBHOOK) == [{
-        "event": "red", "queue": "q", "uri": "fake://r/q-main/c2-fail", "sha": "c2-fail",
+        "event": "red", "queue": "q", "project": None, "uri": "fake://r/q-main/c2-fail",
+        "sha": "c2-fail",
         "request_id": "request/q/2", "previous": "green", "at": "2026-01-01T00:00:00+00:00",
         "link": link}]
     assert fake.delivered(SLACK) == [{
         "text": f":red_circle: Stovepipe: q is RED at c2-fail (request/q/2; was green). "
                 f"<{link}|details>"}]
+
+
+def test_a_project_s_own_channels_are_served_when_its_queue_notifies_nothing(
+        migrated_dsn: str, tmp_path: Path, fake: FakeServices,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue without `notify` whose project api has alert channels of its own: api's
+    alerts go out, naming the queue and the project."""
+    _env(monkeypatch, fake, fake.token)
+    path = tmp_path / "queues.yaml"
+    path.write_text(
+        "queues:\n  mono:\n"
+        "    source_control: {kind: fake, path: repo.json, repo: r, ref: mono-main}\n"
+        "    build_runner: {kind: fake}\n"
+        "    projects:\n"
+        "      api:\n        paths: ['api/**']\n"
+        f"        alerts: {{webhook: {{url_env: {WEBHOOK_ENV}}},\n"
+        f"                 slack: {{url_env: {SLACK_ENV}}}}}\n"
+        "      web: {paths: ['web/**']}\n")
+    event = {"kind": "alert", "event": "red", "queue": "mono#api",
+             "request_id": "request/mono#api/2", "uri": "fake://r/mono-main/c2",
+             "previous": "green", "at": "2026-01-01T00:00:00+00:00"}
+
+    async def body(deps: Deps) -> None:
+        async with deps.db.pool.connection() as conn:
+            for channel in ("webhook", "slack"):
+                await conn.execute(
+                    "INSERT INTO notification (queue, key, channel, stream, event)"
+                    " VALUES ('mono#api', %s, %s, 'alerts', %s::jsonb)",
+                    (f"alert:{channel}:greenness:2", channel, json.dumps(event)))
+        assert sorted(r for _, r in (await notify.send_notifications(deps, _sink)).results) \
+            == ["sent", "sent"]
+
+    _run(migrated_dsn, path, body)
+    link = "https://stovepipe.example/#request=request/mono%23api/2"
+    [sent] = fake.delivered(WEBHOOK)
+    assert (sent["queue"], sent["project"], sent["request_id"], sent["link"]) == (
+        "mono", "api", "request/mono#api/2", link)
+    assert fake.delivered(SLACK) == [{
+        "text": f":red_circle: Stovepipe: mono, project api, is RED at c2 "
+                f"(request/mono#api/2; was green). <{link}|details>"}]
 
 
 # --- GitHub's rate limits ----------------------------------------------------------------

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from contract.pb import options_pb2 as contract_dot_pb_dot_options__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63ontract/pb/messagequeue.proto\x12\x12stovepipe.contract\x1a\x19\x63ontract/pb/options.proto\"*\n\rIngestRequest\x12\r\n\x05queue\x18\x01 \x01(\t:\n\x92\x82\x19\x06ingest\"Z\n\x0eProcessRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nqueue_name\x18\x02 \x01(\t\x12\x0c\n\x04loop\x18\x03 \x01(\t\x12\r\n\x05nonce\x18\x04 \x01(\t:\x0b\x92\x82\x19\x07process\"Y\n\x0c\x42uildRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nqueue_name\x18\x02 \x01(\t\x12\r\n\x05nonce\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r:\t\x92\x82\x19\x05\x62uild\"L\n\x0b\x42uildSignal\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nqueue_name\x18\x02 \x01(\t\x12\x0c\n\x04loop\x18\x03 \x01(\t:\x0f\x92\x82\x19\x0b\x62uildsignal\"C\n\x06Record\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nqueue_name\x18\x02 \x01(\t\x12\r\n\x05nonce\x18\x03 \x01(\t:\n\x92\x82\x19\x06recordb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63ontract/pb/messagequeue.proto\x12\x12stovepipe.contract\x1a\x19\x63ontract/pb/options.proto\"*\n\rIngestRequest\x12\r\n\x05queue\x18\x01 \x01(\t:\n\x92\x82\x19\x06ingest\"Z\n\x0eProcessRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nqueue_name\x18\x02 \x01(\t\x12\x0c\n\x04loop\x18\x03 \x01(\t\x12\r\n\x05nonce\x18\x04 \x01(\t:\x0b\x92\x82\x19\x07process\"j\n\x0c\x42uildRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nqueue_name\x18\x02 \x01(\t\x12\r\n\x05nonce\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x0f\n\x07project\x18\x05 \x01(\t:\t\x92\x82\x19\x05\x62uild\"L\n\x0b\x42uildSignal\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nqueue_name\x18\x02 \x01(\t\x12\x0c\n\x04loop\x18\x03 \x01(\t:\x0f\x92\x82\x19\x0b\x62uildsignal\"C\n\x06Record\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nqueue_name\x18\x02 \x01(\t\x12\r\n\x05nonce\x18\x03 \x01(\t:\n\x92\x82\x19\x06recordb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,9 +47,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROCESSREQUEST']._serialized_start=125
   _globals['_PROCESSREQUEST']._serialized_end=215
   _globals['_BUILDREQUEST']._serialized_start=217
-  _globals['_BUILDREQUEST']._serialized_end=306
-  _globals['_BUILDSIGNAL']._serialized_start=308
-  _globals['_BUILDSIGNAL']._serialized_end=384
-  _globals['_RECORD']._serialized_start=386
-  _globals['_RECORD']._serialized_end=453
+  _globals['_BUILDREQUEST']._serialized_end=323
+  _globals['_BUILDSIGNAL']._serialized_start=325
+  _globals['_BUILDSIGNAL']._serialized_end=401
+  _globals['_RECORD']._serialized_start=403
+  _globals['_RECORD']._serialized_end=470
 # @@protoc_insertion_point(module_scope)

@@ -104,6 +104,7 @@ class BuildRequest(_message.Message):
     QUEUE_NAME_FIELD_NUMBER: _builtins.int
     NONCE_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    PROJECT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Request id."""
     queue_name: _builtins.str
@@ -113,6 +114,11 @@ class BuildRequest(_message.Message):
     """The attempt (build) of the Request to trigger, from 1; a message about an attempt
     that is over ends. 0: the Request's current attempt (payloads from before attempts).
     """
+    project: _builtins.str
+    """The project the build is scoped to, for a Request of a project's scope
+    (`<queue>#<project>`, design §11); empty for a whole repository's build. Added in
+    issue 24: a message without it reads as before.
+    """
     def __init__(
         self,
         *,
@@ -120,10 +126,11 @@ class BuildRequest(_message.Message):
         queue_name: _builtins.str = ...,
         nonce: _builtins.str = ...,
         attempt: _builtins.int = ...,
+        project: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "id", b"id", "nonce", b"nonce", "queue_name", b"queue_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "id", b"id", "nonce", b"nonce", "project", b"project", "queue_name", b"queue_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

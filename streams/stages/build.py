@@ -16,13 +16,14 @@ backoff while the Request stays alive to the sweeper.
 from __future__ import annotations
 
 from contract import BuildRequest, BuildSignal, Record, TopicKey
-from store import BuildStatus, Request, RequestState, VersionMismatch
+from store import BuildStatus, Request, RequestState, VersionMismatch, project_of
 from streams.extensions.buildrunner import BuildRunnerError
 from streams.runtime import ACK, Hold, Outcome, RetryableError, metrics
 from streams.stages import analyze, attempts, loops
 from streams.stages.deps import (
     Deps,
     StageContext,
+    WrongQueue,
     is_stale,
     load_request_with_attempt_build,
 )
@@ -47,6 +48,10 @@ async def handle_build(payload: BuildRequest, ctx: StageContext) -> Outcome:
         deps, payload.queue_name, payload.id)
     if is_stale(ctx, request, payload.nonce):
         return ACK
+    if payload.project and payload.project != project_of(request.queue):
+        raise WrongQueue(f"request {request.id} is of project "
+                         f"{project_of(request.queue) or '(none)'!r}, but the message says "
+                         f"{payload.project!r}")
     if request.state.is_terminal:
         return ACK
     if request.state is not RequestState.PROCESSING or request.build_strategy is None:
@@ -139,7 +144,7 @@ async def _end_without_build(ctx: StageContext, request: Request,
 
 def _this_attempt(request: Request) -> BuildRequest:
     return BuildRequest(id=request.id, queue_name=request.queue, nonce=request.nonce,
-                        attempt=request.attempt)
+                        attempt=request.attempt, project=project_of(request.queue))
 
 
 async def _publish_to_buildsignal(ctx: StageContext, build_id: str, queue: str, *,

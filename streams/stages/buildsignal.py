@@ -33,6 +33,7 @@ from store import (
     RequestState,
     Verdict,
     VersionMismatch,
+    project_of,
 )
 from streams.config.queues import QueueConfig
 from streams.extensions.buildrunner import BuildReport
@@ -234,7 +235,7 @@ async def _end_attempt(ctx: StageContext, request: Request, build: Build,
 async def _publish_next_attempt(ctx: StageContext, request: Request) -> None:
     await ctx.publish(TopicKey.BUILD, BuildRequest(
         id=request.id, queue_name=request.queue, nonce=request.nonce,
-        attempt=request.attempt))
+        attempt=request.attempt, project=project_of(request.queue)))
 
 
 def _longest_delay(config: QueueConfig) -> float:

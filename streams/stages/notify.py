@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import quote
 
-from store import NotFound
+from store import NotFound, split_scope
 from store.culprits import SearchState
 from store.notifications import Notification, StaleRule
 from streams.config.queues import UnknownQueue
@@ -69,11 +69,11 @@ def backoff(attempts: int, retry_after: float | None = None) -> float:
 async def send_notifications(deps: Deps, publish: Publisher) -> NotifyReport:
     report = NotifyReport()
     configs = [deps.queues.get(name) for name in deps.queues.names()]
-    notifying = [c for c in configs if c.notify is not None]
-    if not notifying:
+    # a project with alert channels of its own notifies even when its queue does not
+    if not any(c.notify is not None for c in (*configs, *deps.queues.scopes.values())):
         return report
     rules = [StaleRule(c.name, seconds(c.notify.stale_after), c.alert_channels)
-             for c in notifying if c.notify is not None and c.notify.stale_after]
+             for c in configs if c.notify is not None and c.notify.stale_after]
     report.went_stale, report.freshened = await deps.db.notifications.judge_staleness(rules)
     if report.went_stale:
         log.warning("queues_went_stale count=%d", report.went_stale)
@@ -102,7 +102,8 @@ async def _deliver(deps: Deps, row: Notification,
             await deps.db.notifications.retry_later(row, 1.0, "waiting for the culprit "
                                                               "search to open")
             return "retried", "waiting for the culprit search to open"
-        await notifier.send(notice_of(row, public_url, culprit))
+        projects = await red_projects(deps, row)
+        await notifier.send(notice_of(row, public_url, {**culprit, **projects}))
     except UnknownQueue:
         return await _give_up(deps, row, f"queue {row.queue!r} is no longer configured")
     except NotifyError as exc:
@@ -157,7 +158,9 @@ async def culprit_details(deps: Deps, row: Notification,
         search = await deps.db.culprit_searches.get(row.queue, str(red_id))
     except NotFound:
         try:
-            finds = deps.queue_config(row.queue).backfill.enabled
+            config = deps.queue_config(row.queue)
+            # a queue with projects finds no culprit of its own: each project does
+            finds = config.backfill.enabled and not config.projects
         except UnknownQueue:
             finds = False
         young = (datetime.now(UTC) - row.created_at).total_seconds() < CULPRIT_WAIT
@@ -182,6 +185,25 @@ async def culprit_details(deps: Deps, row: Notification,
         "unconfirmed_reason": search.unconfirmed_why}}
 
 
+async def red_projects(deps: Deps, row: Notification) -> dict[str, Any]:
+    """What a red alert of a queue with projects adds: ``red_projects``, its blocking
+    projects red at the red head (built or inherited; each project's own alert names its
+    culprit)."""
+    event = row.event
+    if event.get("kind") != "alert" or event.get("event") != "red" \
+            or not event.get("request_id"):
+        return {}
+    try:
+        blocking = deps.queue_config(row.queue).blocking_projects
+    except UnknownQueue:
+        return {}
+    if not blocking:
+        return {}
+    answers = await deps.db.projects.answers(row.queue, str(event["request_id"]))
+    return {"red_projects": sorted(p for p, a in answers.items()
+                                   if p in blocking and not a.is_green)}
+
+
 def notice_of(row: Notification, public_url: str | None,
               culprit: dict[str, Any] | None = None) -> Notice:
     event: dict[str, Any] = row.event
@@ -196,9 +218,13 @@ def notice_of(row: Notification, public_url: str | None,
         details.update(flaky=True, attempts=event.get("attempts"))
     if event.get("red_since"):
         details["red_since"] = event["red_since"]
+    if event.get("inherited_from"):  # an unaffected project's status: where its answer is from
+        source = str(event["inherited_from"])
+        details.update(inherited_from=commit_sha(source) or source, inherited_from_uri=source)
     details.update(culprit or {})
+    queue, project = split_scope(row.queue)
     return Notice(kind=kind, event=str(event["state" if kind == "status" else "event"]),
-                  queue=row.queue, request_id=request_id, uri=uri,
+                  queue=queue, project=project, request_id=request_id, uri=uri,
                   sha=commit_sha(uri) if uri else None, at=str(event.get("at", "")),
                   link=request_link(public_url, request_id),
                   previous=event.get("previous"), details=details)

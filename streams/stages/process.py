@@ -23,6 +23,7 @@ from store import (
     RequestKind,
     RequestState,
     VersionMismatch,
+    project_of,
     request_order,
 )
 from streams.config.queues import QueueConfig
@@ -168,4 +169,5 @@ async def _decide_strategy(ctx: StageContext, request: Request, queue: Queue,
 async def _publish_to_build(ctx: StageContext, request: Request) -> None:
     await ctx.publish(TopicKey.BUILD, BuildRequest(id=request.id, queue_name=request.queue,
                                                    nonce=request.nonce,
-                                                   attempt=request.attempt))
+                                                   attempt=request.attempt,
+                                                   project=project_of(request.queue)))

@@ -40,6 +40,7 @@ import logging
 from dataclasses import dataclass, field
 
 from contract import BuildRequest, BuildSignal, ProcessRequest, Record, TopicKey
+from store import project_of
 from streams.config.queues import QueueConfig, UnknownQueue
 from streams.runtime import metrics
 from streams.runtime.stage import Publisher
@@ -98,7 +99,8 @@ async def sweep(deps: Deps, publish: Publisher) -> SweepReport:
             if _overdue(deps, request.queue, request.loop_age):
                 await publish(TopicKey.BUILD,
                               BuildRequest(id=request.id, queue_name=request.queue,
-                                           nonce=request.nonce, attempt=request.attempt))
+                                           nonce=request.nonce, attempt=request.attempt,
+                                           project=project_of(request.queue)))
                 await deps.db.requests.touch_loop(request.queue, request.id)
                 report.builds.append(request.id)
 

@@ -25,7 +25,7 @@ from store import (
     ValidationFact,
     parse_request_id,
 )
-from streams.config.names import validate_queue_name
+from streams.config.names import validate_queue_name, validate_queue_or_scope_name
 from streams.extensions.sourcecontrol import SourceControlError
 from streams.runtime.topic_admin import read_watermarks
 
@@ -78,10 +78,11 @@ class RequestDetail:
 
 
 def parse_request_path(request_id: str) -> str:
-    """The queue of a `request/<queue>/<n>` or `request/<queue>/<n>.<k>` id. ValueError
+    """The queue (or a project's scope, `<queue>#<project>`) of a `request/<queue>/<n>`
+    or `request/<queue>/<n>.<k>` id. ValueError
     (or its subclass InvalidQueueName) naming the problem for anything else."""
     queue, _ = parse_request_id(request_id)
-    validate_queue_name(queue)
+    validate_queue_or_scope_name(queue)  # a project's Requests are its scope's
     return queue
 
 

@@ -11,7 +11,11 @@ from typing import Any
 from aiohttp import web
 
 from store import NotFound, ValidationFact
-from streams.config.names import UnknownQueue, validate_queue_name
+from streams.config.names import (
+    UnknownQueue,
+    validate_queue_name,
+    validate_queue_or_scope_name,
+)
 from streams.extensions.sourcecontrol import CommitNotFound, commit_sha
 from streams.runtime.stage import Delivery
 from streams.stages import gauges
@@ -19,6 +23,7 @@ from streams.stages.deps import Deps
 from streams.web import (
     gate,
     greens,
+    grid,
     history,
     project_answers,
     project_states,
@@ -85,6 +90,15 @@ class Reads:
         async with asyncio.timeout(READ_DEADLINE):
             return json_answer(await history.queue_history(deps, queue, limit,
                                                      self._commit_descriptions))
+
+    async def queue_grid(self, request: web.Request, queue: str) -> web.Response:
+        limit = int_param(request, "limit", grid.DEFAULT_LIMIT, 1, grid.MAX_LIMIT)
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        deps.queue_config(queue)
+        async with asyncio.timeout(READ_DEADLINE):
+            return json_answer(await grid.project_grid(deps, queue, limit,
+                                                       self._commit_descriptions))
 
     @cached_property
     def _commit_descriptions(self) -> history.CommitDescriptions:
@@ -265,7 +279,7 @@ class Reads:
 
     async def build_log(self, request: web.Request, queue: str,
                         build_id: str) -> web.Response:
-        validate_queue_name(queue)
+        validate_queue_or_scope_name(queue)  # a project's builds are its scope's
         deps = self._delivery().deps
         deps.queue_config(queue)
         async with asyncio.timeout(READ_DEADLINE):

@@ -70,6 +70,21 @@ def _http_url(value: object) -> str:
 HttpUrl = Annotated[str, BeforeValidator(_http_url)]
 
 
+def _unaffected(value: object) -> object:
+    """``unaffected``: ``none`` (the default), ``all``, or a list of project names."""
+    if value is None or value == "none":
+        return ()
+    if value == "all":
+        return "all"
+    if isinstance(value, list | tuple) and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    raise ValueError(f"expected all, none or a list of the queue's project names, e.g. "
+                     f"[api, web], got {value!r}")
+
+
+Unaffected = Annotated[str | tuple[str, ...], BeforeValidator(_unaffected)]
+
+
 def github_repository(repository: str | None) -> str | None:
     """owner/name when ``repository`` (a git URL) is on github.com; None otherwise."""
     if repository is None:
@@ -87,10 +102,20 @@ class GitHubStatusSpec:
     repository: Annotated[str, BeforeValidator(_owner_repo)] | None = None
     api_url: HttpUrl = DEFAULT_API_URL
     context: NonEmptyStr = DEFAULT_CONTEXT
+    # a queue with projects: the projects whose `stovepipe/<project>` status is set on
+    # the heads that do not affect them (the answer they inherit); none by default, as
+    # each costs a content-creating call to GitHub per head (README, "Commit statuses
+    # and alerts")
+    unaffected: Unaffected = ()
     channel: ClassVar[str] = "github_status"
 
     def env_names(self) -> tuple[str, ...]:
         return (self.token_env,)
+
+    def posts_unaffected(self, project: str) -> bool:
+        """Whether ``project`` gets a status on the heads that do not affect it."""
+        return self.unaffected == "all" or (isinstance(self.unaffected, tuple)
+                                            and project in self.unaffected)
 
     def build(self, env: Mapping[str, str]) -> GitHubStatusNotifier:
         if self.repository is None:
@@ -158,6 +183,11 @@ class GitHubStatusNotifier:
 def describe(notice: Notice) -> str:
     """The status's one-line description."""
     request = notice.request_id or "?"
+    source = notice.details.get("inherited_from")
+    if source and notice.event in ("success", "failure"):
+        # an unaffected project: the answer of the commit it inherits from, and its Request
+        colour = "green" if notice.event == "success" else "red"
+        return f"Unaffected: inherits {colour} from {str(source)[:12]} ({request})"
     green = (f"Green on attempt {notice.details.get('attempts')} after a red build "
              f"(flaky; {request})" if notice.details.get("flaky")
              else f"Green: validated by {request}")

@@ -40,9 +40,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
-
-from pydantic import AfterValidator, BeforeValidator, ValidationInfo
 
 from streams.extensions.sourcecontrol.contract import (
     CommitNotFound,
@@ -52,12 +49,10 @@ from streams.extensions.sourcecontrol.contract import (
 )
 from streams.extensions.sourcecontrol.gituri import (
     cache_name,
-    check_branch_name,
     is_remote_url,
     redact,
     repository_identity,
 )
-from streams.schema.fields import NonEmptyStr, resolve_path
 
 log = logging.getLogger("stovepipe.git")
 
@@ -487,23 +482,3 @@ class GitRepository:
         if result.code != 0:
             raise SourceControlError(f"cannot configure the cache {git_dir} of "
                                      f"{self.repository}: {result.detail()}")
-
-
-# --- queues.yaml value types -------------------------------------------------------------
-
-
-def _branch(value: object) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"expected a non-empty string without surrounding spaces, got "
-                         f"{value!r}")
-    return check_branch_name(value)
-
-
-def _repository(value: str, info: ValidationInfo) -> str:
-    """A remote URL as written, or a local path made absolute (against the file's
-    directory)."""
-    return value if is_remote_url(value) else str(resolve_path(Path(value), info))
-
-
-BranchName = Annotated[str, BeforeValidator(_branch)]
-Repository = Annotated[NonEmptyStr, AfterValidator(_repository)]
