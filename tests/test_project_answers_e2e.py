@@ -222,7 +222,11 @@ def test_gates_and_release_tooling_ask_about_projects(web: WebPipeline,
     assert shown["docs"]["words"] == f"unaffected, inherits red from {sha['c4'][:12]}"
     assert {p: v["bookmark"]["sha"] for p, v in shown.items()} == {
         "api": sha["c5"], "web": sha["c5"], "docs": sha["c3"]}
-    assert shown["api"]["red_streak"] is None and shown["docs"]["red_streak"] is not None
+    assert {p: (v["greenness"], v["red_streak_s"] is not None) for p, v in shown.items()} == {
+        "api": ("green", False), "web": ("green", False), "docs": ("red", True)}
+    assert shown["api"]["build"]["verdict"] == "green"
+    assert (shown["web"]["build"], shown["web"]["request_id"]) == (
+        None, f"request/{QUEUE}#web/3")
     assert (shown["api"]["blocking"], shown["docs"]["blocking"]) == (True, False)
     one = web.get(f"/api/queues/{Q}/projects/docs")
     assert one.status == 200, one.text

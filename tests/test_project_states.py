@@ -1,7 +1,8 @@
 """A project's state at the queue's head (streams/web/project_states.py, issue 24 Deliver
 5), as a pure function of what the reads found: built green or red, unaffected (inheriting
 green or red, from where), pending while nothing is known yet, and could not be validated
-(why) — never "green" without an answer, never "pending" for a head that ended."""
+(why) — never green without a green verdict, never pending for a head that ended without
+one."""
 
 from __future__ import annotations
 
@@ -66,15 +67,26 @@ def test_without_an_answer_the_state_is_pending_until_something_ended() -> None:
         "pending", None, "nothing was ingested yet")
     waiting = head_state(_request(Q, RequestState.ACCEPTED), None, "api", None, None)
     assert (waiting.state, waiting.words) == (
-        "pending", "the head is accepted: its projects are not planned yet")
+        "pending", "the head waits for the queue's slot: its projects are not planned yet")
+    planning = head_state(HEAD, None, "api", None, None)
+    assert (planning.state, planning.words) == (
+        "pending", "the head's projects are being planned")
     child = _request(f"{Q}#api", RequestState.PROCESSING)
     building = head_state(HEAD, _plan("api"), "api", None, child)
     assert (building.state, building.words) == (
-        "pending", f"being validated: request/{Q}#api/5 (processing)")
-    ended = _request(f"{Q}#api", RequestState.SUCCEEDED, verdict=Verdict.GREEN)
-    assert head_state(HEAD, _plan("api"), "api", None, ended).state == "pending"
+        "pending", f"being validated: request/{Q}#api/5")
+    not_yet = head_state(HEAD, _plan("api"), "api", None, None)
+    assert not_yet.state == "pending"
     added_later = head_state(HEAD, _plan("web"), "api", None, None)
-    assert added_later.state == "pending" and "added after" in added_later.words
+    assert added_later.state == "pending" and "added later" in added_later.words
+
+
+def test_a_verdict_whose_answer_is_being_written_says_the_verdict() -> None:
+    ended = _request(f"{Q}#api", RequestState.SUCCEEDED, verdict=Verdict.GREEN)
+    assert head_state(HEAD, _plan("api"), "api", None, ended) == head_state(
+        HEAD, _plan("api"), "api", _answer(0.0, inherited=False), None)
+    red = _request(f"{Q}#api", RequestState.FAILED, verdict=Verdict.RED)
+    assert head_state(HEAD, _plan("api"), "api", None, red).state == "red"
 
 
 def test_a_build_or_a_head_that_ended_without_a_verdict_could_not_validate() -> None:
@@ -89,7 +101,8 @@ def test_a_build_or_a_head_that_ended_without_a_verdict_could_not_validate() -> 
     cancelled = _request(f"{Q}#api", RequestState.CANCELLED, reason="by ada")
     assert head_state(HEAD, _plan("api"), "api", None, cancelled).words == (
         f"could not be validated: request/{Q}#api/5 was cancelled: by ada")
-    reconciled = _request(Q, RequestState.FAILED, reason="could not be validated: dlq")
+    reconciled = _request(Q, RequestState.FAILED,
+                          reason="could not be validated: a dead letter")
     before_plan = head_state(reconciled, None, "api", None, None)
-    assert before_plan.state == "unvalidated"
-    assert "ended before it planned its projects" in before_plan.words
+    assert (before_plan.state, before_plan.words) == (
+        "unvalidated", "could not be validated: a dead letter")

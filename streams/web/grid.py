@@ -147,7 +147,7 @@ async def project_grid(deps: Deps, queue: str, limit: int,
     links = {p: build_linker(deps, scope_name(queue, p)) for p in projects}
     rows = [_row(r, plans.get(r.id), answers.get(r.id, {}), projects, children, builds,
                  links, described.get(r.uri)) for r in requests]
-    columns = [await _column(deps, queue, p, config.projects[p].blocking, standings.get(p),
+    columns = [await project_column(deps, queue, p, config.projects[p].blocking, standings.get(p),
                              descriptions) for p in projects]
     return ProjectGrid(queue, "newest first", columns, rows,
                        all(row.subject is not None for row in rows))
@@ -241,9 +241,11 @@ def _unplanned_state(request: Request) -> CellState:
     return CellState.NONE  # decided before the queue had projects
 
 
-async def _column(deps: Deps, queue: str, project: str, blocking: bool,
-                  standing: ProjectStanding | None,
-                  descriptions: story.Descriptions) -> ProjectColumn:
+async def project_column(deps: Deps, queue: str, project: str, blocking: bool,
+                         standing: ProjectStanding | None,
+                         descriptions: story.Descriptions) -> ProjectColumn:
+    """A project's column head: its greenness, bookmark and, while red, its culprit
+    (`GET /api/queues/{queue}/projects` shows it too)."""
     if standing is None:
         return ProjectColumn(project, blocking, None, None, 0, None, None, None)
     bookmark = None

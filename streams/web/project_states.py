@@ -8,32 +8,33 @@ At the queue's newest head (its latest Request) a project is:
 - ``unaffected``: the head did not touch it, so it inherits its nearest validated
   ancestor's answer, green or red (``green`` says which, ``fact.inherited_from`` from
   where);
-- ``pending``: its answer is not known yet (the head is waiting or being planned, or the
-  project's build is under way);
-- ``unvalidated``: its build could not validate the head (the reason is given), or the
-  head's Request ended before it planned its projects.
+- ``pending``: its answer is not known yet (the head waits for the queue's slot or is
+  being planned, the project's build is under way, or the project was added after the
+  head was planned);
+- ``unvalidated``: its build could not validate the head (the reason is given), or was
+  cancelled, or the head's Request ended before it planned its projects.
 
-With it: the project's last-green bookmark (its newest green answer, built or inherited:
-`store.projects.ProjectStore.states`) and pin, its red streak (its scope's greenness:
-built verdicts), and while it is red its culprit or the search for one (its scope's,
-`streams.web.story.red_since`). The state itself is a pure function of what the reads
-found (`head_state`).
+The state is the dashboard grid's cell of the head (`streams.web.grid.cell`) in those five
+words (`head_state`, pure); the rest is the grid's column of the project
+(`streams.web.grid.project_column`): its greenness and red streak, its last-green
+bookmark (its newest green answer, built or inherited), the heads since, and while it is
+red its culprit or the search for one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING
 
-from store import NotFound, Request, RequestState
-from store.projects import ProjectAnswer, ProjectState, RequestPlan
+from store import NotFound, Request
+from store.projects import ProjectAnswer, RequestPlan
 from streams.config.projects import scope_name
-from streams.extensions.sourcecontrol import commit_sha
 from streams.stages.analyze import child_id
+from streams.web.grid import Bookmark, CellState, GridCell, cell, project_column
+from streams.web.history import BuildLink, build_linker
 from streams.web.project_answers import ProjectFact, from_answer
-from streams.web.story import CulpritView, Descriptions, SearchView, red_since
+from streams.web.story import CulpritView, Descriptions, SearchView
 
 if TYPE_CHECKING:
     from streams.stages.deps import Deps
@@ -54,57 +55,43 @@ def head_state(head: Request | None, plan: RequestPlan | None, project: str,
     """The project's state at the queue's newest Request ``head`` (None: nothing
     ingested), from the head's ``plan``, the project's ``answer`` at the head and, when
     the head built it, its scope's Request ``child``."""
-    if answer is not None:
-        colour = "green" if answer.degree == 0 else "red"
-        if answer.inherited:
-            source = commit_sha(answer.source_uri) or answer.source_uri
-            return HeadState(UNAFFECTED, answer.degree == 0,
-                             f"unaffected, inherits {colour} from {source[:12]}")
-        flaky = " (flaky: green on a re-run)" if answer.flaky and answer.degree == 0 else ""
-        return HeadState(GREEN if answer.degree == 0 else RED, answer.degree == 0,
-                         f"{colour}{flaky}: built at this head")
     if head is None:
         return HeadState(PENDING, None, "nothing was ingested yet")
-    if plan is None:
-        if head.state.is_terminal:
-            why = head.reason or str(head.state)
-            return HeadState(UNVALIDATED, None, f"could not be validated: the head's "
-                                                f"Request ended before it planned its "
-                                                f"projects ({why})")
-        return HeadState(PENDING, None, f"the head is {head.state}: its projects are not "
-                                        f"planned yet")
-    if project not in plan.affected:
-        return HeadState(PENDING, None, "not planned at this head (the project was added "
-                                        "after it was planned)")
-    if child is None or not child.state.is_terminal:
-        shown = f"{child.id} ({child.state})" if child is not None else "its build"
-        return HeadState(PENDING, None, f"being validated: {shown}")
-    if child.verdict is not None:  # record writes the answer right after the fact
-        return HeadState(PENDING, None, f"{child.id} ended {child.verdict}; its answer is "
-                                        f"being recorded")
-    if child.state is RequestState.CANCELLED:
-        why = f": {child.reason}" if child.reason else ""
-        return HeadState(UNVALIDATED, None,
-                         f"could not be validated: {child.id} was cancelled{why}")
-    reason = child.reason or "no reason recorded"
-    if not reason.startswith("could not be validated"):
-        reason = f"could not be validated: {reason}"
-    return HeadState(UNVALIDATED, None, reason)
+    return state_of(cell(head, plan, project, answer, child, None))
 
 
-@dataclass(frozen=True)
-class Bookmark:
-    """A project's last green commit: its newest green answer."""
-
-    uri: str
-    sha: str | None
-    request_id: str
-
-
-@dataclass(frozen=True)
-class RedStreak:
-    since: datetime
-    seconds: float
+def state_of(at_head: GridCell) -> HeadState:
+    """The grid's cell of the head in the five words of a project's state."""
+    colour = at_head.state.value
+    match at_head.state:
+        case CellState.GREEN | CellState.RED if at_head.inherited:
+            source = (at_head.source_sha or at_head.source_uri or "?")[:12]
+            return HeadState(UNAFFECTED, at_head.state is CellState.GREEN,
+                             f"unaffected, inherits {colour} from {source}")
+        case CellState.GREEN | CellState.RED:
+            flaky = " (flaky: green on a re-run)" if at_head.flaky else ""
+            return HeadState(GREEN if at_head.state is CellState.GREEN else RED,
+                             at_head.state is CellState.GREEN,
+                             f"{colour}{flaky}: built at this head")
+        case CellState.PENDING if at_head.request_id is not None:
+            return HeadState(PENDING, None, f"being validated: {at_head.request_id}")
+        case CellState.PENDING:
+            return HeadState(PENDING, None, "the head's projects are being planned")
+        case CellState.WAITING:
+            return HeadState(PENDING, None, "the head waits for the queue's slot: its "
+                                            "projects are not planned yet")
+        case CellState.UNVALIDATED:
+            reason = at_head.reason or "no reason recorded"
+            if not reason.startswith("could not be validated"):
+                reason = f"could not be validated: {reason}"
+            return HeadState(UNVALIDATED, None, reason)
+        case CellState.CANCELLED:
+            what = at_head.request_id or "the head's Request"
+            why = f": {at_head.reason}" if at_head.reason else ""
+            return HeadState(UNVALIDATED, None,
+                             f"could not be validated: {what} was cancelled{why}")
+    # superseded, or not planned at this head: nothing known here until the next head
+    return HeadState(PENDING, None, at_head.reason or f"no answer at this head ({colour})")
 
 
 @dataclass(frozen=True)
@@ -115,11 +102,13 @@ class ProjectView:
     state: str
     green: bool | None
     words: str
-    request_id: str | None  # the project's Request of its scope at the head, if built
+    request_id: str | None  # the project's Request that answers (built here, or the source)
     fact: ProjectFact | None  # its answer at the head
-    bookmark: Bookmark | None  # None: never green yet
-    pinned_uri: str | None  # its promotion ref held there (None: it follows the bookmark)
-    red_streak: RedStreak | None  # None: not red (its newest verdict is green, or none)
+    build: BuildLink | None  # built at the head: its latest build there
+    greenness: str | None  # its newest build's verdict (None before one)
+    red_streak_s: float | None  # None: not red
+    bookmark: Bookmark | None  # its last green commit; None: never green yet
+    heads_since_green: int
     culprit: CulpritView | None
     search: SearchView | None
 
@@ -139,35 +128,30 @@ async def project_views(deps: Deps, queue: str, projects: Sequence[str],
             row.latest_request_id)
     plan = await db.projects.plan_of(queue, head.id) if head is not None else None
     answers = await db.projects.answers(queue, plan.request_id) if plan is not None else {}
-    bookmarks = await db.projects.states(queue, projects)
+    standings = await db.project_views.standings(queue, projects)
     config = deps.queue_config(queue)
     views = []
     for project in projects:
-        scope = scope_name(queue, project)
-        child = None
+        child = build = None
         if head is not None and plan is not None and project in plan.affected:
-            child_request = child_id(head.id, project)
-            child = (await db.requests.get_many(scope, [child_request])).get(child_request)
+            scope, own = scope_name(queue, project), child_id(head.id, project)
+            child = (await db.requests.get_many(scope, [own])).get(own)
+            built = (await db.builds.latest_of_requests(scope, [own])).get(own)
+            build = build_linker(deps, scope)(built) if built is not None else None
         answer = answers.get(project)
-        state = head_state(head, plan, project, answer, child)
-        streak = await db.notifications.red_streak(scope)
-        culprit, search = (await red_since(deps, scope, descriptions)
-                           if streak is not None or state.green is False else (None, None))
+        at_head = (cell(head, plan, project, answer, child, build)
+                   if head is not None else None)
+        state = state_of(at_head) if at_head is not None else head_state(
+            None, None, project, None, None)
+        column = await project_column(deps, queue, project, config.projects[project].blocking,
+                                      standings.get(project), descriptions)
         views.append(ProjectView(
-            project=project, blocking=config.projects[project].blocking,
+            project=project, blocking=column.blocking,
             head_request_id=head.id if head is not None else None, state=state.state,
             green=state.green, words=state.words,
-            request_id=child.id if child is not None else None,
-            fact=from_answer(answer) if answer is not None else None,
-            bookmark=_bookmark(bookmarks.get(project)),
-            pinned_uri=(bookmarks[project].pinned_uri if project in bookmarks else None),
-            red_streak=RedStreak(*streak) if streak is not None else None,
-            culprit=culprit, search=search))
+            request_id=at_head.request_id if at_head is not None else None,
+            fact=from_answer(answer) if answer is not None else None, build=build,
+            greenness=column.greenness, red_streak_s=column.red_streak_s,
+            bookmark=column.bookmark, heads_since_green=column.heads_since_green,
+            culprit=column.culprit, search=column.search))
     return views
-
-
-def _bookmark(state: ProjectState | None) -> Bookmark | None:
-    if state is None or state.last_green_uri is None or state.last_green_request_id is None:
-        return None
-    return Bookmark(state.last_green_uri, commit_sha(state.last_green_uri),
-                    state.last_green_request_id)
