@@ -6,7 +6,9 @@
   failing).
 - `FakeGitHub`: GitHub Actions — workflow dispatch (``return_run_details``, declared inputs,
   ``run-name`` rendered into ``display_title``), list a workflow's runs (``event``,
-  ``branch``, ``created=>=…``, pages), get a run, cancel (``409`` once completed).
+  ``branch``, ``created=>=…``, pages), get a run, cancel (``409`` once completed) — and
+  commit statuses (``POST …/statuses/{sha}``, ``201``), so a runner and a notifier can
+  share one token on one API.
 
 Both check the bearer token (``401`` otherwise), record every request, and can be told to
 answer the next matching requests with any status and headers (429 with ``Retry-After``,
@@ -418,6 +420,14 @@ class FakeGitHub(FakeApi):
         router.add_get("/repos/{owner}/{repo}/actions/runs/{run_id:\\d+}", self._get)
         router.add_post("/repos/{owner}/{repo}/actions/runs/{run_id:\\d+}/cancel",
                         self._cancel)
+        router.add_post("/repos/{owner}/{repo}/statuses/{sha}", self._status)
+
+    async def _status(self, request: web.Request) -> web.Response:
+        if not self._repo_known(request):
+            return self._not_found()
+        body = request[BODY] if isinstance(request[BODY], dict) else {}
+        return web.json_response({"state": body.get("state"),
+                                  "context": body.get("context")}, status=201)
 
     @staticmethod
     def _not_found() -> web.Response:
