@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from store._base import Row, Store
 from store.entities import Build, BuildStatus, RequestState, Verdict
@@ -11,7 +12,8 @@ from store.errors import AlreadyExists, AmbiguousKey, InvariantViolation, NotFou
 _COLUMNS = (
     "queue, id, request_id, status, version, created_at, updated_at, attempt, verdict,"
     " reason, loop_token, EXTRACT(EPOCH FROM now() - loop_seen_at)::float8 AS loop_age,"
-    " EXTRACT(EPOCH FROM now() - created_at)::float8 AS age"
+    " EXTRACT(EPOCH FROM now() - created_at)::float8 AS age, started_at,"
+    " EXTRACT(EPOCH FROM now() - started_at)::float8 AS run_age"
 )
 _VERSION = "SELECT version FROM build WHERE queue = %(queue)s AND id = %(id)s"
 _INSERT = (
@@ -95,6 +97,21 @@ class BuildStore(Store):
         )
         return [_build(row) for row in rows]
 
+    async def mark_started(self, build: Build, provider_started_at: datetime | None) -> Build:
+        """Record when the build started running, once: the provider's own start time
+        when it gives one — never before the trigger nor after now, by the database's
+        clock (a provider's clock may be off) — else now (the first poll that saw it
+        run). A start recorded first stays; the version is left alone (an observation,
+        not a state change)."""
+        key = {"queue": build.queue, "id": build.id}
+        row = await self._fetch_one(
+            "UPDATE build SET started_at = LEAST(now(), GREATEST(created_at,"
+            " COALESCE(%(at)s::timestamptz, now())))"
+            " WHERE queue = %(queue)s AND id = %(id)s AND started_at IS NULL"
+            f" RETURNING {_COLUMNS}",
+            {**key, "at": provider_started_at}, key=key)
+        return _build(row) if row is not None else await self.get(build.queue, build.id)
+
     async def set_status(self, build: Build, status: BuildStatus) -> Build:
         """CAS the build's status. A terminal status is write-once: changing it raises
         InvariantViolation (the caller ignores a later poll that disagrees)."""
@@ -161,7 +178,8 @@ class BuildStore(Store):
             "SELECT b.queue, b.id, b.request_id, b.status, b.version, b.created_at,"
             " b.updated_at, b.attempt, b.verdict, b.reason, b.loop_token,"
             " EXTRACT(EPOCH FROM now() - b.loop_seen_at)::float8 AS loop_age,"
-            " EXTRACT(EPOCH FROM now() - b.created_at)::float8 AS age,"
+            " EXTRACT(EPOCH FROM now() - b.created_at)::float8 AS age, b.started_at,"
+            " EXTRACT(EPOCH FROM now() - b.started_at)::float8 AS run_age,"
             " r.state AS request_state"
             " FROM build b JOIN request r ON r.queue = b.queue AND r.id = b.request_id"
             " WHERE b.status IN ('accepted', 'running')"

@@ -2,8 +2,9 @@
 
 `CulpritSearchStore` keeps one search per red streak of a queue: the first-parent range
 from the last green commit to the red one, the bisection's bounds, the backfill Requests
-it started and how it ended. Every change is a compare-and-set on `version`; an ended
-search is final (the database refuses to change it).
+it started, how it ended and whether the culprit it named is confirmed as the head's
+(migration 0012). Every change is a compare-and-set on `version`; an ended search is
+final (the database refuses to change it).
 
 `CommitInfoStore` keeps what a person recognises a commit by (subject, author, time),
 written once per commit and read by the API, the CLI and the alerts.
@@ -34,9 +35,37 @@ class SearchState(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeRecord:
+    """One backfill Request a search started, as the search counts it: its state and
+    verdict, the builds of it that ran (gave a verdict: green or red, a hang included;
+    a build that could not validate did not run), and how long ago it last changed (by
+    the database's clock: for a probe that ended, since it ended)."""
+
+    request_id: str
+    uri: str
+    state: str
+    verdict: str | None
+    ran: int
+    changed_ago: float
+    # it could not validate its commit for a cause building again would not change (a
+    # refused trigger, a checkout that fails): probing it again is pointless
+    permanent: bool = False
+
+    @property
+    def in_flight(self) -> bool:
+        return self.state in ("accepted", "processing")
+
+    @property
+    def unvalidated(self) -> bool:
+        """It ended without a verdict (could not validate, or was cancelled)."""
+        return not self.in_flight and self.verdict is None
+
+
+@dataclass(frozen=True, slots=True)
 class CulpritSearch:
     """``commits[0]`` is the green end (None when the search has no range), the last one
-    the red commit that opened it; the culprit lies in ``commits[lo + 1 .. hi]``."""
+    the red commit that opened it; ``commits[lo]`` is the newest commit known green and
+    ``commits[hi]`` the oldest known red above it, so a break lies in ``lo + 1 .. hi``."""
 
     queue: str
     red_request_id: str
@@ -58,6 +87,32 @@ class CulpritSearch:
     updated_at: datetime
     ended_at: datetime | None
     version: int
+    # migration 0012 (None in rows of the release before)
+    confirmed: bool | None = None
+    unconfirmed_reason: str | None = None
+    candidate_uri: str | None = None
+    wake_at: datetime | None = None
+
+    @property
+    def culprit_confirmed(self) -> bool:
+        """The culprit named is the break the red head is red for: every commit from it
+        to the head is known red. A culprit named by the release before 0012 was not
+        confirmed, unless it is the red commit itself (its first parent is green)."""
+        if self.culprit_uri is None:
+            return False
+        if self.confirmed is not None:
+            return self.confirmed
+        return self.culprit_uri == self.red_uri
+
+    @property
+    def unconfirmed_why(self) -> str | None:
+        """Why the culprit named is not confirmed as the head's (None: it is, or none
+        was named)."""
+        if self.culprit_uri is None or self.culprit_confirmed:
+            return None
+        return self.unconfirmed_reason or (
+            "named by an earlier release, which did not check the commits between it and "
+            "the head")
 
     @property
     def suspects(self) -> tuple[str, ...]:
@@ -73,7 +128,8 @@ class CulpritSearch:
 _COLUMNS = (
     "queue, red_request_id, red_uri, green_request_id, green_uri, commits, lo, hi, skipped,"
     " probes, builds, max_builds, state, detail, culprit_uri, culprit_request_id,"
-    " created_at, updated_at, ended_at, version"
+    " created_at, updated_at, ended_at, version, confirmed, unconfirmed_reason,"
+    " candidate_uri, wake_at"
 )
 _VERSION = ("SELECT version FROM culprit_search"
             " WHERE queue = %(queue)s AND red_request_id = %(red_request_id)s")
@@ -95,23 +151,24 @@ class CulpritSearchStore(Store):
                    green_request_id: str | None, green_uri: str | None,
                    commits: Sequence[str], max_builds: int,
                    state: SearchState = SearchState.BISECTING, detail: str = "",
-                   culprit_uri: str | None = None,
-                   culprit_request_id: str | None = None) -> tuple[CulpritSearch, bool]:
+                   culprit_uri: str | None = None, culprit_request_id: str | None = None,
+                   confirmed: bool | None = None) -> tuple[CulpritSearch, bool]:
         """The search the red verdict of ``red_request_id`` opened — this one, or the one
         an earlier delivery opened (then False)."""
         params = {"queue": queue, "red_request_id": red_request_id, "red_uri": red_uri,
                   "green_request_id": green_request_id, "green_uri": green_uri,
                   "commits": list(commits), "hi": max(len(commits) - 1, 0),
                   "max_builds": max_builds, "state": state.value, "detail": detail,
-                  "culprit_uri": culprit_uri, "culprit_request_id": culprit_request_id}
+                  "culprit_uri": culprit_uri, "culprit_request_id": culprit_request_id,
+                  "confirmed": confirmed}
         key = {"queue": queue, "red_request_id": red_request_id}
         row = await self._fetch_one(
             "INSERT INTO culprit_search (queue, red_request_id, red_uri, green_request_id,"
             " green_uri, commits, lo, hi, max_builds, state, detail, culprit_uri,"
-            " culprit_request_id, ended_at)"
+            " culprit_request_id, confirmed, ended_at)"
             " VALUES (%(queue)s, %(red_request_id)s, %(red_uri)s, %(green_request_id)s,"
             " %(green_uri)s, %(commits)s, 0, %(hi)s, %(max_builds)s, %(state)s, %(detail)s,"
-            " %(culprit_uri)s, %(culprit_request_id)s,"
+            " %(culprit_uri)s, %(culprit_request_id)s, %(confirmed)s,"
             " CASE WHEN %(state)s = 'bisecting' THEN NULL ELSE now() END)"
             f" ON CONFLICT (queue, red_request_id) DO NOTHING RETURNING {_COLUMNS}",
             params, key=key)
@@ -147,29 +204,66 @@ class CulpritSearchStore(Store):
             {"queue": queue, "request_id": request_id}, key={"queue": queue})
         return _search(row) if row is not None else None
 
-    async def bisecting_unchanged_for(self, seconds: float,
-                                      limit: int) -> list[CulpritSearch]:
-        """Searches still bisecting that nothing changed for ``seconds`` (oldest first):
-        the sweeper advances them, in case the message that would have was lost."""
+    async def due_to_advance(self, unchanged_for: float,
+                             limit: int) -> list[CulpritSearch]:
+        """Searches still bisecting that nothing changed for ``unchanged_for`` seconds
+        (the message that would have advanced them was lost), or whose commit waiting to
+        be probed again is due (``wake_at``): the sweeper advances them, oldest first."""
         rows = await self._fetch_all(
             f"SELECT {_COLUMNS} FROM culprit_search WHERE state = 'bisecting'"
-            " AND updated_at < now() - make_interval(secs => %(seconds)s)"
+            " AND (updated_at < now() - make_interval(secs => %(seconds)s)"
+            "      OR wake_at <= now())"
             " ORDER BY updated_at LIMIT %(limit)s",
-            {"seconds": seconds, "limit": limit}, key={"state": "bisecting"})
+            {"seconds": unchanged_for, "limit": limit}, key={"state": "bisecting"})
         return [_search(row) for row in rows]
+
+    async def probe_records(self, queue: str,
+                            request_ids: Sequence[str]) -> dict[str, ProbeRecord]:
+        """The search's probes among ``request_ids``, by id, with the builds of each that
+        ran (one read of the Requests and their builds)."""
+        if not request_ids:
+            return {}
+        rows = await self._fetch_all(
+            "SELECT r.id AS request_id, r.uri, r.state, r.verdict,"
+            " (SELECT count(*) FROM build b WHERE b.queue = r.queue"
+            "   AND b.request_id = r.id AND b.verdict IS NOT NULL)::int AS ran,"
+            " EXTRACT(EPOCH FROM now() - r.updated_at)::float8 AS changed_ago,"
+            " COALESCE(r.unvalidated_cause = 'permanent', false) AS permanent"
+            " FROM request r WHERE r.queue = %(queue)s AND r.id = ANY(%(ids)s)",
+            {"queue": queue, "ids": list(request_ids)}, key={"queue": queue})
+        return {row["request_id"]: ProbeRecord(**row) for row in rows}
+
+    async def count_builds(self, search: CulpritSearch, builds: int) -> CulpritSearch:
+        """Compare-and-set the count of builds that ran (of an ended search too: a probe
+        running when it ended adds its builds; nothing else of it changes)."""
+        key = {"queue": search.queue, "red_request_id": search.red_request_id}
+        row = await self._compare_and_set(
+            "UPDATE culprit_search SET builds = %(builds)s, version = version + 1,"
+            " updated_at = now()"
+            " WHERE queue = %(queue)s AND red_request_id = %(red_request_id)s"
+            f" AND version = %(version)s RETURNING {_COLUMNS}",
+            {**key, "builds": builds}, version_query=_VERSION, key=key,
+            expected_version=search.version)
+        return _search(row)
 
     async def update(self, search: CulpritSearch, *, lo: int, hi: int,
                      skipped: Iterable[int], probes: Sequence[str], builds: int,
                      state: SearchState, detail: str, culprit_uri: str | None = None,
-                     culprit_request_id: str | None = None) -> CulpritSearch:
+                     culprit_request_id: str | None = None, confirmed: bool | None = None,
+                     unconfirmed_reason: str | None = None,
+                     candidate_uri: str | None = None,
+                     wake_in: float | None = None) -> CulpritSearch:
         """Compare-and-set the search's progress (VersionMismatch when another writer
-        changed it since ``search`` was read)."""
+        changed it since ``search`` was read). ``wake_in``: seconds until the sweeper
+        should advance it again (a commit is due to be probed again); None: no time."""
         key = {"queue": search.queue, "red_request_id": search.red_request_id}
         row = await self._compare_and_set(
             "UPDATE culprit_search SET lo = %(lo)s, hi = %(hi)s, skipped = %(skipped)s,"
             " probes = %(probes)s, builds = %(builds)s, state = %(state)s,"
             " detail = %(detail)s, culprit_uri = %(culprit_uri)s,"
-            " culprit_request_id = %(culprit_request_id)s,"
+            " culprit_request_id = %(culprit_request_id)s, confirmed = %(confirmed)s,"
+            " unconfirmed_reason = %(unconfirmed_reason)s, candidate_uri = %(candidate_uri)s,"
+            " wake_at = now() + make_interval(secs => %(wake_in)s::float8),"
             " ended_at = CASE WHEN %(state)s = 'bisecting' THEN NULL"
             "                 ELSE COALESCE(ended_at, now()) END,"
             " version = version + 1, updated_at = now()"
@@ -178,7 +272,9 @@ class CulpritSearchStore(Store):
             {**key, "lo": lo, "hi": hi, "skipped": sorted(set(skipped)),
              "probes": list(probes), "builds": builds, "state": state.value,
              "detail": detail, "culprit_uri": culprit_uri,
-             "culprit_request_id": culprit_request_id},
+             "culprit_request_id": culprit_request_id, "confirmed": confirmed,
+             "unconfirmed_reason": unconfirmed_reason, "candidate_uri": candidate_uri,
+             "wake_in": wake_in},
             version_query=_VERSION, key=key, expected_version=search.version)
         return _search(row)
 

@@ -88,6 +88,17 @@ class BuildStrategy(StrEnum):
     FULL = "full"
 
 
+class UnvalidatedCause(StrEnum):
+    """Why a Request that failed without a verdict could not validate its commit (design
+    §4): ``transient`` — a lost host, a vanished build, a dependency unavailable past its
+    deadline, a build that never started in time: an ingest of the head validates it
+    again by itself, a bounded number of times; ``permanent`` — a refused trigger, a
+    workflow that cannot start, a checkout that fails: only an explicit retry does."""
+
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+
+
 class RequestKind(StrEnum):
     """Why a Request exists (design §4, §5): ``head`` — a head of the branch, superseded by
     a newer head; ``retry`` — a commit validated again on request, and ``backfill`` — a
@@ -243,6 +254,11 @@ class Request:
     # database's clock
     attempt_due_in: float = field(default=0.0, compare=False, metadata=INTERNAL)
     recorded: bool = field(default=False, compare=False, metadata=INTERNAL)
+    # failed without a verdict: whether the cause looks transient (None: not such a
+    # Request, or settled by a release that did not say: taken as transient)
+    unvalidated_cause: UnvalidatedCause | None = None
+    # ingests that validated its commit again by themselves before it (design §4)
+    revalidations: int = 0
 
     @property
     def seq(self) -> int:
@@ -288,11 +304,16 @@ class Build:
     attempt: int = 1  # which attempt of its Request
     verdict: Verdict | None = None  # green/red once a run said; None: none (yet)
     reason: str = ""  # why it ended without a verdict, or more about how it ended
-    # the poll loop's token; seconds since the loop was last seen and since the build was
-    # created, by the database's clock (observations, so no part of equality)
+    # when it started running (the provider's start, or the first poll that saw it run);
+    # None: not started yet
+    started_at: datetime | None = None
+    # the poll loop's token; seconds since the loop was last seen, since the build was
+    # created (triggered) and since it started (None: not started), by the database's
+    # clock (observations, so no part of equality)
     loop_token: str = field(default="", metadata=INTERNAL)
     loop_age: float = field(default=0.0, compare=False, metadata=INTERNAL)
     age: float = field(default=0.0, compare=False, metadata=INTERNAL)
+    run_age: float | None = field(default=None, compare=False, metadata=INTERNAL)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from store.entities import (
     Request,
     RequestKind,
     RequestState,
+    UnvalidatedCause,
     Verdict,
     parse_request_id,
 )
@@ -22,7 +23,7 @@ _COLUMNS = (
     " kind, attempt, verdict, reason, unvalidated_retries, red_reruns,"
     " loop_token, EXTRACT(EPOCH FROM now() - loop_seen_at)::float8 AS loop_age, nonce,"
     " COALESCE(EXTRACT(EPOCH FROM attempt_due_at - now())::float8, 0) AS attempt_due_in,"
-    " recorded"
+    " recorded, unvalidated_cause, revalidations"
 )
 _VERSION = "SELECT version FROM request WHERE queue = %(queue)s AND id = %(id)s"
 
@@ -37,6 +38,8 @@ def _request(row: Row) -> Request:
             "build_strategy": BuildStrategy(strategy) if strategy is not None else None,
             "kind": RequestKind(row.get("kind", "head")),
             "verdict": Verdict(verdict) if verdict is not None else None,
+            "unvalidated_cause": UnvalidatedCause(cause)
+            if (cause := row.get("unvalidated_cause")) is not None else None,
         }
     )
 
@@ -163,10 +166,14 @@ class RequestStore(Store):
         return _request(
             await self._compare_and_set(
                 f"UPDATE request SET state = '{state.value}', verdict = NULL,"
-                " reason = %(reason)s, version = version + 1, updated_at = now()"
+                " reason = %(reason)s, unvalidated_cause = %(cause)s::text,"
+                " version = version + 1, updated_at = now()"
                 " WHERE queue = %(queue)s AND id = %(id)s AND version = %(version)s"
                 f" RETURNING {_COLUMNS}",
-                {**key, "reason": reason},
+                # a reconciler's failure: the message kept failing, which another
+                # validation may not (design §4: transient)
+                {**key, "reason": reason, "cause": UnvalidatedCause.TRANSIENT.value
+                 if state is RequestState.FAILED else None},
                 version_query=_VERSION,
                 key=key,
                 expected_version=request.version,

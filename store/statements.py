@@ -15,7 +15,7 @@ REQUEST_COLUMNS = (
     " r.red_reruns, r.loop_token,"
     " EXTRACT(EPOCH FROM now() - r.loop_seen_at)::float8 AS loop_age, r.nonce,"
     " COALESCE(EXTRACT(EPOCH FROM r.attempt_due_at - now())::float8, 0) AS attempt_due_in,"
-    " r.recorded"
+    " r.recorded, r.unvalidated_cause, r.revalidations"
 )
 QUEUE_COLUMNS = (
     "q.name AS q_name, q.last_green_uri AS q_last_green_uri,"
@@ -32,19 +32,34 @@ BUILD_COLUMNS = (
     " b.attempt AS b_attempt, b.verdict AS b_verdict, b.reason AS b_reason,"
     " b.loop_token AS b_loop_token,"
     " EXTRACT(EPOCH FROM now() - b.loop_seen_at)::float8 AS b_loop_age,"
-    " EXTRACT(EPOCH FROM now() - b.created_at)::float8 AS b_age"
+    " EXTRACT(EPOCH FROM now() - b.created_at)::float8 AS b_age, b.started_at AS b_started_at,"
+    " EXTRACT(EPOCH FROM now() - b.started_at)::float8 AS b_run_age"
 )
 FACT_COLUMNS = "queue, uri, project, degree, request_id, created_at, attempts, flaky"
 
 REQUEST_KEYS = ("queue", "id", "uri", "state", "build_strategy", "base_uri", "version",
                  "created_at", "updated_at", "kind", "attempt", "verdict", "reason",
                  "unvalidated_retries", "red_reruns", "loop_token", "loop_age", "nonce",
-                 "attempt_due_in", "recorded")
+                 "attempt_due_in", "recorded", "unvalidated_cause", "revalidations")
 
 
 def _sql(text: LiteralString) -> LiteralString:
     return " ".join(text.split())
 
+
+# The commit's lock: FIND_OR_MINT, VALIDATE_AGAIN and MINT_BACKFILL each take it, in a
+# statement of its own in the same transaction, *before* they read the commit's newest
+# Request. So the statement's snapshot starts after the previous holder committed: it
+# never re-checks a row a concurrent writer moved against a row it read before (which
+# made a second retry see no Request at all, and a probe mint a second live Request).
+# Lock order everywhere: the commit's lock, then the ingest lease, the mapping and
+# Request rows, then the queue row. The second half of the key hashes the schema, the
+# queue and the commit, so deployments sharing a server never wait for each other.
+COMMIT_LOCK_NAMESPACE = 0x53545643  # "STVC"
+LOCK_COMMIT = _sql("""
+SELECT pg_advisory_xact_lock(%(namespace)s,
+                             hashtext(current_schema() || '/' || %(queue)s || chr(31) || %(uri)s))
+""")
 
 FIND_OR_MINT = _sql("""
 WITH lease AS (
@@ -56,16 +71,33 @@ WITH lease AS (
     UNION ALL
     SELECT 1 WHERE %(holder)s::text IS NULL
 ), mapped AS (
-    SELECT m.request_id, r.state, r.verdict, r.nonce
+    SELECT m.request_id, r.state, r.verdict, r.nonce, r.unvalidated_cause, r.revalidations,
+           r.updated_at
       FROM request_uri m LEFT JOIN request r ON r.queue = m.queue AND r.id = m.request_id
      WHERE m.queue = %(queue)s AND m.uri = %(uri)s AND EXISTS (SELECT 1 FROM held)
+), revalidate AS (
+    /* its newest Request could not validate it, for a cause that looks transient (none
+       recorded: a release before causes were): validated again by itself, at most
+       retry.unvalidated times, each after a growing spacing from that Request's end */
+    SELECT request_id, revalidations FROM mapped
+     WHERE state = 'failed' AND verdict IS NULL
+       AND COALESCE(unvalidated_cause, 'transient') = 'transient'
+       AND revalidations < %(max_revalidations)s
+       AND updated_at + make_interval(secs => LEAST(%(spacing)s::float8 * 2 ^ revalidations,
+                                                    %(spacing_cap)s::float8)) <= now()
 ), reused AS (
     SELECT request_id AS id, state, nonce FROM mapped
      WHERE state IS NOT NULL AND state <> 'superseded'
-       AND NOT (state = 'failed' AND verdict IS NULL)
+       AND NOT EXISTS (SELECT 1 FROM revalidate)
 ), again AS (
-    SELECT request_again_id(request_id) AS id
-      FROM mapped WHERE state = 'failed' AND verdict IS NULL
+    /* sorting where its commit was first ingested — unless a newer head was ingested
+       since (the branch came back to it): then it is drawn anew below, the newest head */
+    SELECT request_again_id(v.request_id) AS id, v.revalidations + 1 AS revalidations
+      FROM revalidate v
+     WHERE NOT EXISTS (SELECT 1 FROM queue q
+                        WHERE q.name = %(queue)s
+                          AND request_rank(q.latest_request_id)
+                              > request_rank(request_again_id(v.request_id)))
 ), drawn AS (
     INSERT INTO queue_counter (queue, value)
     SELECT %(queue)s, 1 WHERE EXISTS (SELECT 1 FROM held)
@@ -73,10 +105,11 @@ WITH lease AS (
     ON CONFLICT (queue) DO UPDATE SET value = queue_counter.value + 1
     RETURNING value
 ), minted AS (
-    INSERT INTO request (queue, id, uri)
-    SELECT %(queue)s, %(prefix)s || value, %(uri)s FROM drawn
+    INSERT INTO request (queue, id, uri, revalidations)
+    SELECT %(queue)s, %(prefix)s || value, %(uri)s,
+           COALESCE((SELECT revalidations + 1 FROM revalidate), 0) FROM drawn
     UNION ALL
-    SELECT %(queue)s, id, %(uri)s FROM again
+    SELECT %(queue)s, id, %(uri)s, revalidations FROM again
     ON CONFLICT (queue, id) DO NOTHING
     RETURNING id, state, nonce
 ), mapping AS (
@@ -98,10 +131,13 @@ WITH lease AS (
         OR request_rank(queue.latest_request_id) < request_rank(EXCLUDED.latest_request_id)
     RETURNING name
 ), released AS (
+    /* given back whenever this statement held it, also when it chose nothing (an id
+       taken meanwhile): the caller tries again, and no other ingest waits for a lease
+       nobody holds any more */
     UPDATE ingest_lease
        SET holder = NULL, lease_until = now(), finished = started,
            finished_request_id = (SELECT id FROM chosen LIMIT 1)
-     WHERE queue = %(queue)s AND holder = %(holder)s::text AND EXISTS (SELECT 1 FROM chosen)
+     WHERE queue = %(queue)s AND holder = %(holder)s::text AND EXISTS (SELECT 1 FROM lease)
     RETURNING queue
 )
 SELECT id, state, nonce, minted FROM chosen
@@ -221,7 +257,8 @@ WITH stamped AS (
                                           AND verdict IS NOT DISTINCT FROM %(b_verdict)s)
 ), settled AS (
     UPDATE request r SET state = %(outcome)s, verdict = %(r_verdict)s,
-                         reason = %(r_reason)s, version = r.version + 1, updated_at = now()
+                         reason = %(r_reason)s, unvalidated_cause = %(cause)s::text,
+                         version = r.version + 1, updated_at = now()
      WHERE r.queue = %(queue)s AND r.id = %(request_id)s AND r.version = %(version)s
        AND r.state = 'processing' AND r.attempt = %(attempt)s
        AND %(settle)s AND EXISTS (SELECT 1 FROM agreed)

@@ -13,10 +13,15 @@ statements themselves are in `store.statements`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import LiteralString
 
-from store._base import Row, Store
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+
+from store._base import Row, Store, translate_integrity_errors
 from store.builds import _build
 from store.entities import (
     REQUEST_ID_PREFIX,
@@ -26,6 +31,7 @@ from store.entities import (
     Queue,
     Request,
     RequestState,
+    UnvalidatedCause,
     ValidationFact,
     Verdict,
     check_degree,
@@ -35,9 +41,11 @@ from store.requests import _request
 from store.statements import (
     ADMIT,
     BUILD_COLUMNS,
+    COMMIT_LOCK_NAMESPACE,
     END_ATTEMPT,
     FACT_COLUMNS,
     FIND_OR_MINT,
+    LOCK_COMMIT,
     MINT_BACKFILL,
     QUEUE_COLUMNS,
     RECORD_FACT,
@@ -55,6 +63,18 @@ def _prefixed(row: Row, prefix: str) -> Row | None:
 
 def _request_of(row: Row) -> Request:
     return _request({k: row[k] for k in REQUEST_KEYS})
+
+
+@dataclass(frozen=True)
+class Revalidation:
+    """How often an ingest validates again, by itself, a head whose newest Request could
+    not validate it for a transient cause (design §4): at most ``most`` times per
+    commit, the n-th (from 0) once ``spacing`` * 2**n seconds (at most ``spacing_cap``)
+    have passed since the Request before it ended."""
+
+    most: int = 2
+    spacing: float = 30.0
+    spacing_cap: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +119,7 @@ class AttemptEnd:
     reason: str = ""
     again_after: str = ""  # "unvalidated" | "red" when not settling
     backoff: float = 0.0
+    cause: UnvalidatedCause | None = None  # settled without a verdict: why (design §4)
 
 
 @dataclass(frozen=True)
@@ -190,23 +211,29 @@ class StepStore(Store):
     # --- state changes ---------------------------------------------------------------
 
     async def find_or_mint(self, queue: str, uri: str, *,
-                           lease_holder: str | None = None) -> Minted | None:
+                           lease_holder: str | None = None,
+                           revalidation: Revalidation = Revalidation()) -> Minted | None:
         """ingest: the Request of head ``uri``, minting one when the head has none (or
         only a superseded one, or a mapping whose Request was never written: a head the
         branch came back to must be validated after all), and the queue's latest pointer
-        moved forward to it. When the head's newest Request failed without a verdict, a
-        new validation of it (`…/<n>.<k>`, sorting where it was first ingested) is minted:
-        a head ingested after an outage is validated again by itself; after a red verdict
-        it is not. One statement: counter, Request, mapping and latest commit together.
+        moved forward to it. When the head's newest Request could not validate it for a
+        cause that looks transient, a new validation of it is minted — at most
+        ``revalidation.most`` times per commit, each once its spacing has passed since
+        the Request before ended (`Revalidation`); it sorts where the commit was first
+        ingested (`…/<n>.<k>`), unless a newer head was ingested since: then it is the
+        newest head (a fresh number). After a red verdict or a permanent cause it is
+        not. One statement, holding the commit's lock: counter, Request, mapping and
+        latest commit together.
 
         Ingests of a queue are serialized: by the queue's ingest lease, which the
-        statement checks and releases (``lease_holder``; None when the caller holds the
+        statement checks and gives back (``lease_holder``; None when the caller holds the
         queue's lock instead, `Transaction.lock_queue`). None when the lease is no longer
-        the caller's (nothing was written), or when a concurrent validation of the same
-        head took the id first (read again)."""
-        row = await self._fetch_one(FIND_OR_MINT, {
+        the caller's (nothing was written), or when the id to mint was taken meanwhile
+        (the lease is given back: resolve and try again)."""
+        row = await self._fetch_one_holding_commit(queue, uri, FIND_OR_MINT, {
             "queue": queue, "uri": uri, "prefix": f"{REQUEST_ID_PREFIX}{queue}/",
-            "holder": lease_holder}, key={"queue": queue, "uri": uri})
+            "holder": lease_holder, "max_revalidations": revalidation.most,
+            "spacing": revalidation.spacing, "spacing_cap": revalidation.spacing_cap})
         if row is None:
             return None
         return Minted(row["id"], RequestState(row["state"]), row["minted"], row["nonce"])
@@ -217,10 +244,10 @@ class StepStore(Store):
         `superseded`; it sorts where the commit was first ingested, so it supersedes no
         newer head, and the queue's latest moves to it only if it is newer by that order.
         Nothing is minted when the commit was never ingested, is green, or is being
-        validated now (`Again.newest_state` says which)."""
-        row = await self._fetch_one(VALIDATE_AGAIN, {
-            "queue": queue, "uri": uri, "prefix": f"{REQUEST_ID_PREFIX}{queue}/"},
-            key={"queue": queue, "uri": uri})
+        validated now (`Again.newest_state` says which). Holds the commit's lock, so two
+        retries at once mint one Request and the second is told it is under way."""
+        row = await self._fetch_one_holding_commit(queue, uri, VALIDATE_AGAIN, {
+            "queue": queue, "uri": uri, "prefix": f"{REQUEST_ID_PREFIX}{queue}/"})
         if row is None:
             return Again(None, None, None)
         return Again(row["newest_id"], RequestState(row["newest_state"]), row["minted_id"])
@@ -231,16 +258,49 @@ class StepStore(Store):
         commit's next validation (`….<k>`) when its newest Request was superseded,
         cancelled or could not validate it. Nothing is minted when the commit is green,
         red or being validated now (`Backfilled.newest_*` say which); the queue's latest
-        never moves to a backfill."""
-        row = await self._fetch_one(MINT_BACKFILL, {
-            "queue": queue, "uri": uri, "fresh_id": fresh_id},
-            key={"queue": queue, "uri": uri})
+        never moves to a backfill. Holds the commit's lock: one live Request per commit."""
+        row = await self._fetch_one_holding_commit(queue, uri, MINT_BACKFILL, {
+            "queue": queue, "uri": uri, "fresh_id": fresh_id})
         assert row is not None
         return Backfilled(
             row["newest_id"],
             RequestState(row["newest_state"]) if row["newest_state"] else None,
             Verdict(row["newest_verdict"]) if row["newest_verdict"] else None,
             row["minted_id"], row["nonce"] or "")
+
+    async def _fetch_one_holding_commit(self, queue: str, uri: str, statement: LiteralString,
+                                        params: Mapping[str, object]) -> Row | None:
+        """Run ``statement`` after taking the commit's lock in a statement of its own in
+        the same transaction (`statements.LOCK_COMMIT`), so ``statement``'s snapshot
+        starts once the lock's previous holder committed. On a pooled connection the
+        transaction is this call's: BEGIN, the lock, the statement and COMMIT travel in
+        one round trip (a pipeline); inside an open transaction the lock is held to its
+        end."""
+        key = {"queue": queue, "uri": uri}
+        lock = {"namespace": COMMIT_LOCK_NAMESPACE, **key}
+        async with (
+            translate_integrity_errors(self.entity, key),
+            self._source.connection() as conn,
+        ):
+            own = conn.info.transaction_status is TransactionStatus.IDLE
+            cur = conn.cursor(row_factory=dict_row)
+            try:
+                async with conn.pipeline():
+                    if own:
+                        await conn.execute("BEGIN")
+                    await conn.execute(LOCK_COMMIT, lock)
+                    await cur.execute(statement, params)
+                    if own:
+                        await conn.execute("COMMIT")
+                return await cur.fetchone()
+            except BaseException:
+                if own and conn.info.transaction_status is not TransactionStatus.IDLE:
+                    # a connection too broken to roll back is discarded by the pool
+                    with contextlib.suppress(Exception):
+                        await conn.execute("ROLLBACK")
+                raise
+            finally:
+                await cur.close()
 
     async def admit(self, request: Request, *, strategy: BuildStrategy,
                     base_uri: str | None, max_concurrent: int,
@@ -297,7 +357,8 @@ class StepStore(Store):
             "b_reason": build_reason, "settle": end.settle,
             "outcome": end.outcome.value if end.outcome is not None else None,
             "r_verdict": end.verdict.value if end.verdict is not None else None,
-            "r_reason": end.reason, "unvalidated": int(end.again_after == "unvalidated"),
+            "r_reason": end.reason, "cause": end.cause.value if end.cause else None,
+            "unvalidated": int(end.again_after == "unvalidated"),
             "red": int(end.again_after == "red"), "backoff": max(0.0, end.backoff),
             "status_channels": list(status_channels)},
             key={"queue": request.queue, "id": request.id})

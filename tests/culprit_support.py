@@ -2,7 +2,12 @@
 tests (issue 18): each commit carries an ``outcome`` file — ``green``, ``red``, or
 ``flaky`` (red on its first build, green after) — and may carry a ``hold`` file naming a
 latch its build waits for. The queue builds with the command runner in a clean checkout,
-on a real worker, so every backfill is a real Request, build and fact."""
+on a real worker, so every backfill is a real Request, build and fact.
+
+An outage of the build machines (`Branch.set_down`): while it lasts, every build that
+gets past its latch is lost with its processes — it kills its own process group before
+it can say anything, so the command runner finds it vanished: the attempt could not
+validate (no verdict), as when a build host dies."""
 
 from __future__ import annotations
 
@@ -23,6 +28,10 @@ out="{out}"
 echo "$STOVEPIPE_HEAD_SHA $STOVEPIPE_REQUEST_ID" >> "$out/started"
 if [ -f hold ]; then
   while [ ! -e "$out/release-$(cat hold)" ]; do sleep 0.1; done
+fi
+if [ -e "$out/down" ]; then
+  echo "$STOVEPIPE_HEAD_SHA $STOVEPIPE_REQUEST_ID" >> "$out/lost"
+  kill -KILL 0
 fi
 case "$(cat outcome)" in
   green) exit 0 ;;
@@ -80,14 +89,28 @@ class Branch:
     def release(self, latch: str) -> None:
         (self.out / f"release-{latch}").touch()
 
+    def set_down(self, down: bool) -> None:
+        """Start or end an outage of the build machines (see the module docstring)."""
+        if down:
+            (self.out / "down").touch()
+        else:
+            (self.out / "down").unlink(missing_ok=True)
+
+    def lost(self) -> list[tuple[str, str]]:
+        """(commit name, request id) of every build lost in an outage, in order."""
+        return self._builds("lost")
+
     def started(self) -> list[tuple[str, str]]:
         """(commit name, request id) of every build that started, in order."""
-        started = self.out / "started"
-        if not started.exists():
+        return self._builds("started")
+
+    def _builds(self, file: str) -> list[tuple[str, str]]:
+        listed = self.out / file
+        if not listed.exists():
             return []
         names = {sha: name for name, sha in self.shas.items()}
         return [(names.get(sha, sha), request_id) for sha, request_id in
-                (line.split() for line in started.read_text().splitlines())]
+                (line.split() for line in listed.read_text().splitlines())]
 
 
 def add_culprit_queue(pipeline: Pipeline, branch: Branch, **knobs: Any) -> None:
@@ -124,10 +147,11 @@ def facts_by_commit(pipeline: Pipeline, branch: Branch) -> dict[str, tuple[str, 
 def search_row(pipeline: Pipeline) -> dict[str, Any]:
     rows = pipeline.query(
         "SELECT red_request_id, state, culprit_uri, builds, lo, hi, cardinality(commits),"
-        " probes, detail FROM culprit_search WHERE queue = %s"
-        " ORDER BY request_rank(red_request_id) DESC", QUEUE)
+        " probes, detail, confirmed, unconfirmed_reason FROM culprit_search"
+        " WHERE queue = %s ORDER BY request_rank(red_request_id) DESC", QUEUE)
     assert rows, "no culprit search"
-    keys = ("red", "state", "culprit", "builds", "lo", "hi", "commits", "probes", "detail")
+    keys = ("red", "state", "culprit", "builds", "lo", "hi", "commits", "probes", "detail",
+            "confirmed", "unconfirmed")
     return dict(zip(keys, rows[0], strict=True))
 
 
@@ -151,6 +175,15 @@ def backfill_builds(pipeline: Pipeline) -> list[tuple[str, int, str]]:
         "SELECT b.request_id, b.attempt, b.status FROM build b JOIN request r"
         " ON r.queue = b.queue AND r.id = b.request_id"
         " WHERE r.queue = %s AND r.kind = 'backfill' ORDER BY b.created_at", QUEUE)
+
+
+def backfill_builds_that_ran(pipeline: Pipeline) -> int:
+    """Builds of backfill Requests that gave a verdict (green or red)."""
+    [(ran,)] = pipeline.query(
+        "SELECT count(*) FROM build b JOIN request r ON r.queue = b.queue"
+        " AND r.id = b.request_id WHERE r.queue = %s AND r.kind = 'backfill'"
+        " AND b.verdict IS NOT NULL", QUEUE)
+    return int(ran)
 
 
 def promoted(branch: Branch) -> str | None:

@@ -323,6 +323,7 @@ class Knobs:
     poll_delay_queued: timedelta = timedelta(seconds=5)
     poll_delay_running: timedelta = timedelta(seconds=1)
     poll_deadline: timedelta = timedelta(days=1)
+    start_deadline: timedelta | None = None
     trigger_deadline: timedelta = timedelta(hours=1)
     retry: RetrySpec = field(default_factory=RetrySpec)
     backfill: BackfillSpec = field(default_factory=BackfillSpec)  # off: no culprit search

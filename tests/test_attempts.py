@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from store import BuildStatus, Request, RequestState, Verdict
+from store import BuildStatus, Request, RequestState, UnvalidatedCause, Verdict
 from streams.config.queues import RetrySpec
 from streams.extensions.buildrunner import BuildRunnerError
 from streams.runtime import headers as h
@@ -34,6 +34,8 @@ observations = st.sampled_from([
     attempts.Observed(BuildStatus.FAILED, Verdict.RED),
     attempts.Observed(BuildStatus.FAILED, Verdict.RED, "it ran past the poll deadline"),
     attempts.Observed(BuildStatus.FAILED, None, "its host was lost: host a"),
+    attempts.Observed(BuildStatus.FAILED, None, "its trigger was refused: 422",
+                      permanent=True),
     attempts.Observed(BuildStatus.CANCELLED, None),
 ])
 retries = st.builds(RetrySpec, unvalidated=st.integers(0, 4), red=st.integers(0, 3),
@@ -59,15 +61,24 @@ def test_an_attempt_ends_as_the_table_says(observed: attempts.Observed, retry: R
         else:
             assert end.settle and end.outcome is RequestState.FAILED
             assert end.verdict is Verdict.RED
-    elif unvalidated < retry.unvalidated:
-        # could not validate: again, after the backoff doubling per retry
+    elif not observed.permanent and unvalidated < retry.unvalidated:
+        # could not validate, for a cause that may go away: again, after the backoff
+        # doubling per retry
         assert not end.settle and end.again_after == "unvalidated"
         assert end.backoff == min(retry.backoff.total_seconds() * 2 ** unvalidated,
                                   attempts.BACKOFF_CAP)
+    elif red:
+        # an earlier attempt was red: the red verdict stands (only a green re-run would
+        # have overturned it), with why the re-run said nothing
+        assert end.settle and end.outcome is RequestState.FAILED
+        assert end.verdict is Verdict.RED and end.cause is None
+        assert observed.reason in end.reason
     else:
-        # failed without a verdict, with the reason: never red
+        # failed without a verdict, with the reason and its cause: never red
         assert end.settle and end.outcome is RequestState.FAILED and end.verdict is None
         assert observed.reason in end.reason and "could not be validated" in end.reason
+        assert end.cause is (UnvalidatedCause.PERMANENT if observed.permanent
+                             else UnvalidatedCause.TRANSIENT)
 
 
 @given(retry=retries)
@@ -88,6 +99,38 @@ def test_no_request_is_tried_more_often_than_its_queue_allows(retry: RetrySpec) 
                                request.red_reruns + (end.again_after == "red"))
         assert end.settle
         assert request.attempt <= 1 + retry.unvalidated + retry.red
+
+
+def test_a_red_attempt_stands_when_the_re_runs_after_it_could_not_validate() -> None:
+    """Issue 23, item 5: retry.red 1 — red, then a re-run whose host is lost on every
+    attempt: the Request ends red (a red fact), not without a verdict."""
+    retry = RetrySpec(unvalidated=2, red=1)
+    request = _request(1, 0, 0)
+    ends = []
+    for observed in [attempts.Observed(BuildStatus.FAILED, Verdict.RED, "tests failed"),
+                     *[attempts.Observed(BuildStatus.FAILED, None, "its host was lost")] * 3]:
+        end = attempts.decide(request, observed, retry)
+        ends.append(end)
+        request = _request(request.attempt + 1,
+                           request.unvalidated_retries + (end.again_after == "unvalidated"),
+                           request.red_reruns + (end.again_after == "red"))
+    assert [e.settle for e in ends] == [False, False, False, True]
+    assert ends[-1].outcome is RequestState.FAILED and ends[-1].verdict is Verdict.RED
+    # and a green re-run still overturns it (flaky), however many attempts said nothing
+    end = attempts.decide(_request(3, 1, 1), attempts.Observed(BuildStatus.SUCCEEDED,
+                                                                Verdict.GREEN), retry)
+    assert end.settle and end.verdict is Verdict.GREEN
+
+
+def test_a_permanent_cause_settles_at_once_and_says_so() -> None:
+    """Issue 23, item 4: a refused trigger is not attempted again by itself."""
+    end = attempts.decide(_request(1, 0, 0), attempts.Observed(
+        BuildStatus.FAILED, None, "its trigger was refused: 404", permanent=True),
+        RetrySpec(unvalidated=5))
+    assert end.settle and end.verdict is None and end.cause is UnvalidatedCause.PERMANENT
+    assert "would fail the same way" in end.reason
+    with pytest.raises(ValueError, match="permanent"):
+        attempts.Observed(BuildStatus.FAILED, Verdict.RED, "x", permanent=True)
 
 
 def test_an_unvalidated_end_needs_its_reason_and_a_status_its_verdict() -> None:

@@ -259,7 +259,8 @@ def test_validate_again_from_the_request_view(web: WebPipeline, tmp_path: Path) 
     web.repo.push(ref, "b2-queued100")  # never starts: it cannot be validated
     failed = web.post("/api/queues/team/main/ingest").body["request_id"]
     web.wait_terminal([failed])
-    why = "could not be validated (1 attempt): it did not start within the poll deadline (2s)"
+    why = ("could not be validated (1 attempt): at the start deadline (2s since its trigger, "
+           "never started) it was queued for an agent")
 
     async def drive(port: int) -> str:
         async with Page(port) as page:
@@ -269,7 +270,7 @@ def test_validate_again_from_the_request_view(web: WebPipeline, tmp_path: Path) 
                 f"document.querySelector({json.dumps(row)}).title") == why
             view = await page.wait_for(_text("#request-view"), "the Request view")
             assert why in view and "head of the branch" in view
-            assert "could not validate: it did not start" in view  # its attempt's line
+            assert "could not validate: at the start deadline" in view  # its attempt's line
             assert await page.evaluate("document.getElementById('token-field').hidden")
 
             await page.wait_for("!document.getElementById('retry-button').hidden",

@@ -115,9 +115,9 @@ STRIP = _js("Array.from(document.querySelectorAll("
 
 
 def _start_red_branch(web: WebPipeline, branch: Branch) -> None:
-    """c0 green; one push of c1..c8 where c5 breaks the build: the culprit search names c5
-    after backfilling c4, c6 and c5. Then c9 is building (held by latch "c9"), c10 was
-    superseded by c11, which waits for the slot."""
+    """c0 green; one push of c1..c8 where c5 breaks the build: the culprit search names c5,
+    confirmed, after backfilling c4, then c7, c6 and c5. Then c9 is building (held by latch
+    "c9"), c10 was superseded by c11, which waits for the slot."""
     add_culprit_queue(web, branch)
     branch.commit("c0", "green")
     web.start_web_worker()
@@ -157,9 +157,11 @@ def test_the_history_strip_the_culprit_and_the_links(web: WebPipeline,
 def _check_the_page(web: WebPipeline, branch: Branch, tmp_path: Path) -> None:
     _start_red_branch(web, branch)
     short = {name: sha[:7] for name, sha in branch.shas.items()}
-    ids = [f"request/{QUEUE}/{n}" for n in ("1", "1~4", "1~5", "1~6", "2", "3", "4", "5")]
-    names = ["c0", "c4", "c5", "c6", "c8", "c9", "c10", "c11"]
-    outcomes = ["green", "green", "red", "red", "red", "running", "superseded", "waiting"]
+    ids = [f"request/{QUEUE}/{n}"
+           for n in ("1", "1~4", "1~5", "1~6", "1~7", "2", "3", "4", "5")]
+    names = ["c0", "c4", "c5", "c6", "c7", "c8", "c9", "c10", "c11"]
+    outcomes = ["green", "green", "red", "red", "red", "red", "running", "superseded",
+                "waiting"]
 
     # the API answers the same history, newest first
     answer = web.get(f"/api/queues/{QUEUE}/history?limit=30").body
@@ -167,6 +169,7 @@ def _check_the_page(web: WebPipeline, branch: Branch, tmp_path: Path) -> None:
     assert [e["outcome"] for e in answer["entries"]] == outcomes[::-1]
     assert answer["culprit_search"]["state"] == "found"
     assert answer["culprit_search"]["subject"] == "c5: make it red"
+    assert answer["culprit_search"]["confirmed"] is True
 
     async def drive(port: int) -> list[str]:
         async with Tab(port) as tab:
@@ -197,14 +200,15 @@ def _check_the_page(web: WebPipeline, branch: Branch, tmp_path: Path) -> None:
                 "the culprit banner")
             assert "red since" in culprit and short["c5"] in culprit
             assert "c5: make it red" in culprit and "Ada Lovelace" in culprit
-            assert "3 backfill builds" in culprit and "build log" in culprit
+            assert "4 backfill builds" in culprit and "build log" in culprit
 
             # the story since the last green commit, newest first, in words
             story = await tab.wait_for(
                 "Array.from(document.querySelectorAll('.story-list li')).map((li) => li.innerText)",
                 "the explain story")
             assert story[0].startswith("… waiting") and "c11: make it red" in story[0], story
-            assert any("c7: make it red" in line and "never built" in line for line in story)
+            assert any("c7: make it red" in line and "broken since the culprit" in line
+                       for line in story)
             assert any("c5: make it red" in line and "culprit" in line for line in story)
             assert "c4: make it green" in story[-1] and "last green" in story[-1], story
 
@@ -212,7 +216,7 @@ def _check_the_page(web: WebPipeline, branch: Branch, tmp_path: Path) -> None:
             bars = await tab.evaluate(
                 "Array.from(document.querySelectorAll('.signal-chart [data-signal]'))"
                 ".map((bar) => bar.dataset.signal)")
-            assert bars == ids[:5]
+            assert bars == ids[:6]
             assert "median" in await tab.evaluate(
                 "document.querySelector('.signal-chart').getAttribute('aria-label')")
             figures = await tab.evaluate("document.querySelector('.health-figures').innerText")
@@ -226,15 +230,15 @@ def _check_the_page(web: WebPipeline, branch: Branch, tmp_path: Path) -> None:
             assert "c5: make it red" in detail and "backfill" in detail
             assert "Ada Lovelace" in detail and "signal after" in detail
             await tab.evaluate(_js("document.querySelector('[data-history=' + $id + ']')"
-                                   ".click()", id=json.dumps(ids[4])))
+                                   ".click()", id=json.dumps(ids[5])))
             detail = await tab.evaluate("document.querySelector('.cell-detail').innerText")
             assert "c8: make it red" in detail and "head of the branch" in detail
             # and the keyboard: the picked cell takes the focus, arrows move it
             await tab.evaluate(_js("document.querySelector('[data-history=' + $id + ']')"
-                                   ".focus()", id=json.dumps(ids[4])))
+                                   ".focus()", id=json.dumps(ids[5])))
             await tab.key("ArrowRight", 39)
             await tab.key("ArrowRight", 39)
-            assert await tab.evaluate("document.activeElement.dataset.history") == ids[6]
+            assert await tab.evaluate("document.activeElement.dataset.history") == ids[7]
             detail = await tab.evaluate("document.querySelector('.cell-detail').innerText")
             assert "c10: make it green" in detail and "superseded" in detail
             await tab.key("Home", 36)

@@ -39,16 +39,19 @@ def test_demo_runs_end_to_end_twice(kafka_bootstrap: str, postgres_dsn: str,
         assert "(rewritten away)" in rows[2] and "(rewritten away)" in rows[3]
         assert " full " in rows[4], "the force-pushed head must build in full"
         assert all(" green" in rows[i] for i in (0, 1, 3, 4, 5, 6)), table
-        # one push of four commits; the head is red; bisection built two of the others
+        # one push of four commits; the head is red; the search built the three others,
+        # newest first, to name the break and confirm it is the head's
         assert "tidy the docs" in rows[6] and "request/demo/main/6~1" in rows[6]
         assert "speed up the parser" in rows[7] and "request/demo/main/6~2" in rows[7]
         assert rows[7].endswith(" red")
-        assert "add logging" in rows[8] and rows[8].endswith(" none")
+        assert "add logging" in rows[8] and "request/demo/main/6~3" in rows[8]
+        assert rows[8].endswith(" red")
         assert "bump the version" in rows[9] and "request/demo/main/7 " in rows[9]
         assert rows[9].endswith(" red")
         culprit = rows[7].split()[0]
-        assert (f"red since: {culprit} 'speed up the parser' by Demo — the culprit, found "
-                f"among 3 commits nobody built with 2 backfill builds") in table
+        assert (f"red since: {culprit} 'speed up the parser' by Demo — the culprit, "
+                f"confirmed (every commit after it is red), found among 3 commits nobody "
+                f"built with 3 backfill builds") in table
         repo = tmp_path / "demo" / "repo"
         shas = subprocess.run(["git", "-C", str(repo), "rev-parse", "verified-main",
                                "main~3"], capture_output=True, text=True,

@@ -54,10 +54,11 @@ def words_of(branch: Branch, told: dict[str, Any]) -> dict[str, str]:
 
 def test_explain_one_push_of_eight_the_fifth_breaks(web: WebPipeline, tmp_path: Path) -> None:
     """c0 green, then one push of c1..c8 where c5 breaks: while c4's backfill build runs
-    the story says the range is being bisected (8 commits, the culprit among them) and
-    the build runs; once found, it names c5 the culprit, c4 green and the bookmark, c6 and
-    c8 broken since c5, c7 never built; the API, the CLI and `stovepipe queue` say the
-    same, the culprit's build links to its log, and the green list is c0, c4."""
+    the story says the range is being bisected (8 commits, the culprit among them; no
+    build counted until one ran) and the build runs; once found — c7, c6 and c5 built
+    newest first to confirm it — it names c5 the culprit, confirmed, c4 green and the
+    bookmark, c6, c7 and c8 broken since c5; the API, the CLI and `stovepipe queue` say
+    the same, the culprit's build links to its log, and the green list is c0, c4."""
     branch = _start(web, tmp_path, web=True)
     for n in range(1, 9):
         branch.commit(f"c{n}", "green" if n < 5 else "red", hold="probe" if n == 4 else None)
@@ -73,9 +74,9 @@ def test_explain_one_push_of_eight_the_fifth_breaks(web: WebPipeline, tmp_path: 
     wait_until(probe_building, timeout=60, what="the story to say c4 is building")
     told = web.get(f"/api/queues/{QUEUE}/explain").body
     assert told["search"]["state"] == "bisecting"
-    assert told["search"]["commits_left"] == 8 and told["search"]["builds"] == 1
+    assert told["search"]["commits_left"] == 8 and told["search"]["builds"] == 0
     assert "bisecting: the culprit is among 8 commits" in told["search"]["words"]
-    assert "1 backfill build spent (at most 4)" in told["search"]["words"]
+    assert "0 backfill builds spent (at most 4)" in told["search"]["words"]
     assert told["culprit"] is None
     assert "is red; bisecting: the culprit is among 8 commits" in told["summary"]
     # newest first: the red head, the commits never built and the probe at their places
@@ -104,16 +105,16 @@ def test_explain_one_push_of_eight_the_fifth_breaks(web: WebPipeline, tmp_path: 
 
     told = web.get(f"/api/queues/{QUEUE}/explain").body
     assert story_of(branch, told) == [
-        ("c8", head, "failed"), ("c7", None, "unbuilt"),
+        ("c8", head, "failed"), ("c7", "request/mono/main/1~7", "failed"),
         ("c6", "request/mono/main/1~6", "failed"), ("c5", "request/mono/main/1~5", "failed"),
         ("c4", "request/mono/main/1~4", "succeeded")]
     words = words_of(branch, told)
     c5 = f'{branch.shas["c5"][:12]} "c5: make it red"'
     assert words == {
         "c8": f"red — broken since the culprit {c5}",
-        "c7": f"never built: after the culprit {c5}",
+        "c7": f"red — broken since the culprit {c5}",
         "c6": f"red — broken since the culprit {c5}",
-        "c5": "red — the culprit: the first red commit (its first parent is green)",
+        "c5": "red — the culprit: its first parent is green and every commit after it is red",
         "c4": ("green — the bookmark (the last green commit); the promotion ref "
                "verified-main is here")}
     assert [e["culprit"] for e in told["story"]] == [False, False, False, True, False]
@@ -122,15 +123,17 @@ def test_explain_one_push_of_eight_the_fifth_breaks(web: WebPipeline, tmp_path: 
     assert (culprit["sha"], culprit["subject"], culprit["author"]) == (
         branch.shas["c5"], "c5: make it red", AUTHOR)
     assert culprit["request_id"] == "request/mono/main/1~5"
+    assert (culprit["confirmed"], culprit["unconfirmed_reason"]) == (True, None)
     assert culprit["build"]["url"] == f"/api/builds/mono/main/{culprit['build']['id']}/log"
-    assert told["search"]["state"] == "found"
-    assert told["search"]["words"] == f"found {c5} after 3 backfill builds"
+    assert told["search"]["state"] == "found" and told["search"]["confirmed"] is True
+    assert told["search"]["words"] == (f"found {c5} after 4 backfill builds; confirmed: "
+                                       f"every commit from it to the head is red")
     assert told["bookmark"]["request_id"] == "request/mono/main/1~4"
     assert told["head"]["request_id"] == head
     assert told["promotion"] == {"ref": "verified-main", "uri": branch.uri("c4"),
                                  "known": True, "pinned": None}
     assert told["summary"].startswith(
-        f"{QUEUE} is red since {c5} by {AUTHOR}, found after 3 backfill builds. The newest "
+        f"{QUEUE} is red since {c5} by {AUTHOR}, found after 4 backfill builds. The newest "
         f'head is {branch.shas["c8"][:12]} "c8: make it red" ({head}): red — broken since '
         f"the culprit {c5}. The bookmark, its last green commit, is "
         f'{branch.shas["c4"][:12]} "c4: make it green" (request/mono/main/1~4).')
@@ -142,7 +145,7 @@ def test_explain_one_push_of_eight_the_fifth_breaks(web: WebPipeline, tmp_path: 
     text = web.cli("explain", QUEUE).stdout
     assert text.startswith(f"{QUEUE} is red since {c5}")
     assert f"culprit    {branch.shas['c5']} by {AUTHOR}" in text
-    assert "  (not built)                  commit   " in text
+    assert f"  request/mono/main/1~7        backfill {branch.shas['c7'][:12]}" in text
 
     # "red since C" on the queue's overview and `stovepipe queue`
     overview = web.get(f"/api/queues/{QUEUE}").body
@@ -150,7 +153,7 @@ def test_explain_one_push_of_eight_the_fifth_breaks(web: WebPipeline, tmp_path: 
     shown = web.cli("queue", QUEUE).stdout
     assert f"  red since   {branch.shas['c5']} by {AUTHOR}" in shown
     assert "              c5: make it red" in shown
-    assert f"culprit     found {c5} after 3 backfill builds" in shown
+    assert f"culprit     found {c5} after 4 backfill builds; confirmed" in shown
     queued = json.loads(web.cli("queue", QUEUE, "--json").stdout)
     assert queued["culprit"] == culprit
 
@@ -275,7 +278,7 @@ def test_explain_a_break_fixed_inside_the_range_and_greens_in_history_order(
         ("c6", "request/mono/main/1~6", "succeeded")]
     assert words_of(branch, told) == {
         "c8": f"red — broken since the culprit {c7}",
-        "c7": "red — the culprit: the first red commit (its first parent is green)",
+        "c7": "red — the culprit: its first parent is green and every commit after it is red",
         "c6": ("green — the bookmark (the last green commit); the promotion ref "
                "verified-main is here")}
     assert told["culprit"]["sha"] == branch.shas["c7"]
@@ -313,8 +316,10 @@ def test_explain_a_break_fixed_inside_the_range_and_greens_in_history_order(
 
 
 def test_explain_a_flaky_candidate_with_retry_red(pipeline: Pipeline, tmp_path: Path) -> None:
-    """retry.red: 1 — c4 fails once and passes when run again: green and flaky, the
-    bookmark; c5 the culprit, red on both attempts; the flake is counted."""
+    """retry.red: 1 — a probe may run 2 builds, so max_builds 6 leaves room for 3 probes:
+    c4 fails once and passes when run again: green and flaky, the bookmark; c6 and c5 red
+    on both attempts. c5 is a break, but c7, between it and the head, was not built: the
+    story names c5 as a break not confirmed as the head's, and says why."""
     branch = _start(pipeline, tmp_path, retry={"red": 1, "unvalidated": 0, "backoff": "1s"},
                     backfill={"mode": "bisect", "max_builds": 6})
     for n in range(1, 9):
@@ -324,22 +329,32 @@ def test_explain_a_flaky_candidate_with_retry_red(pipeline: Pipeline, tmp_path: 
     pipeline.wait_quiet(timeout=120)
     told = explain(pipeline)
     c5 = f'{branch.shas["c5"][:12]} "c5: make it red"'
+    reason = ("backfill.max_builds (6) was spent with 1 commit between it and the head not "
+              "built, and a later fix and break could hide there")
     assert story_of(branch, told) == [
         ("c8", head, "failed"), ("c7", None, "unbuilt"),
         ("c6", "request/mono/main/1~6", "failed"), ("c5", "request/mono/main/1~5", "failed"),
         ("c4", "request/mono/main/1~4", "succeeded")]
     assert words_of(branch, told) == {
-        "c8": f"red after 2 attempts — broken since the culprit {c5}",
-        "c7": f"never built: after the culprit {c5}",
-        "c6": f"red after 2 attempts — broken since the culprit {c5}",
-        "c5": ("red after 2 attempts — the culprit: the first red commit (its first parent "
-               "is green)"),
+        "c8": f"red after 2 attempts — after {c5}, a break not confirmed as the head's",
+        "c7": (f"never built: between the break {c5} and the head, so a later fix and break "
+               f"could hide here"),
+        "c6": f"red after 2 attempts — after {c5}, a break not confirmed as the head's",
+        "c5": (f"red after 2 attempts — a break (its first parent is green), not confirmed "
+               f"as the head's: {reason}"),
         "c4": ("green (flaky: red first, green when run again) after 2 attempts — the "
                "bookmark (the last green commit); the promotion ref verified-main is here")}
-    assert told["search"]["words"] == f"found {c5} after 6 backfill builds"
+    assert told["search"]["words"] == (f"a break, not confirmed as the head's: {c5}, found "
+                                       f"after 6 backfill builds ({reason})")
+    assert (told["culprit"]["confirmed"], told["culprit"]["unconfirmed_reason"]) == (
+        False, reason)
     assert told["culprit"]["build"]["attempt"] == 2
+    text = pipeline.cli("explain", QUEUE).stdout
+    assert f"a break    {branch.shas['c5']} by {AUTHOR}" in text
+    assert "           not confirmed as the head's: backfill.max_builds (6)" in text
     shown = json.loads(pipeline.cli("queue", QUEUE, "--json").stdout)
-    assert shown["culprit"]["sha"] == branch.shas["c5"]
+    assert (shown["culprit"]["sha"], shown["culprit"]["confirmed"]) == (
+        branch.shas["c5"], False)
 
 
 def test_explain_after_the_branch_went_green_again(pipeline: Pipeline,

@@ -55,7 +55,9 @@ def test_default_succeeds_from_the_first_poll() -> None:
     build_id = trigger(runner, "c1", base=head("c0"))
     report = asyncio.run(runner.status(build_id))
     assert report == BuildReport(BuildStatus.SUCCEEDED, {
-        "runner": "fake", "head_uri": head("c1"), "base_uri": head("c0")})
+        "runner": "fake", "head_uri": head("c1"), "base_uri": head("c0")},
+        started_at=report.started_at)
+    assert report.started_at is not None
     assert asyncio.run(runner.status(trigger(runner, "c2"))).metadata["base_uri"] == ""
 
 
@@ -108,6 +110,22 @@ def test_queued_then_slow() -> None:
         clock.now += 1
     assert seen == [BuildStatus.ACCEPTED] * 2 + [BuildStatus.RUNNING] * 3 + [
         BuildStatus.SUCCEEDED] * 2
+
+
+def test_a_queued_build_says_what_it_waits_for_and_a_started_one_when_it_started() -> None:
+    """Issue 23, item 1: the start is the trigger plus the time queued, not the trigger."""
+    clock = Clock()
+    runner = FakeBuildRunner(clock=clock)
+    triggered = clock.now
+    build_id = trigger(runner, "c1-queued2-slow3")
+    queued = asyncio.run(runner.status(build_id))
+    assert queued.status is BuildStatus.ACCEPTED and queued.waiting == "queued for an agent"
+    assert queued.started_at is None and not queued.running_now
+    clock.now += 2.5
+    running = asyncio.run(runner.status(build_id))
+    assert running.running_now and running.waiting == ""
+    assert running.started_at is not None
+    assert running.started_at.timestamp() == pytest.approx(triggered + 2)
 
 
 def test_queued_alone_goes_straight_to_the_outcome() -> None:

@@ -302,6 +302,31 @@ def test_a_channels_statuses_are_posted_one_at_a_time(
     assert fake.most_in_flight[GITHUB] == 1
 
 
+def test_a_round_hands_back_what_it_could_not_post_in_time(
+        migrated_dsn: str, tmp_path: Path, fake: FakeServices,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Posting one at a time, a round that has run ROUND_LIMIT hands the channel's other
+    rows back at once, unattempted: none is still being posted when its lease runs out
+    and another sender claims it (here GitHub hangs, every post times out after 0.5 s,
+    and a round may run 1.2 s)."""
+    _env(monkeypatch, fake, fake.token)
+    monkeypatch.setattr(notify_http, "DEFAULT_TIMEOUT", 0.5)
+    monkeypatch.setattr(notify, "ROUND_LIMIT", 1.2)
+    fake.set(GITHUB, hang=True)
+
+    async def body(deps: Deps) -> None:
+        keys = [await _status(deps.db, f"request/q/{n}", "pending", "pending",
+                              uri=f"fake://r/q-main/c{n}") for n in range(1, 6)]
+        report = await notify.send_notifications(deps, _sink)
+        assert [r for _, r in report.results] == ["retried"] * 3 + ["postponed"] * 2
+        for key in keys[3:]:
+            row = await _row(deps.db, key)
+            assert row["attempts"] == 0 and row["due_in"] <= 0.1, row
+
+    _run(migrated_dsn, _queues(tmp_path, fake.github_api), body)
+    fake.release()
+
+
 def test_alert_bodies(migrated_dsn: str, tmp_path: Path, fake: FakeServices,
                       monkeypatch: pytest.MonkeyPatch) -> None:
     _env(monkeypatch, fake, fake.token)

@@ -528,7 +528,8 @@ def test_a_failure_says_whether_it_is_a_red_verdict_and_a_commit_can_be_validate
     lane.repo.push(ref, "b2-queued100")
     unvalidated = lane.ingest(short)
     lane.wait_terminal([unvalidated])
-    why = "it did not start within the poll deadline (2s)"
+    why = ("at the start deadline (2s since its trigger, never started) it was queued for "
+           "an agent")
     reason = f"could not be validated (1 attempt): {why}"
     shown = lane.request(unvalidated)
     assert (shown["request"]["state"], shown["request"]["verdict"],
@@ -557,7 +558,7 @@ def test_a_failure_says_whether_it_is_a_red_verdict_and_a_commit_can_be_validate
     text = _lines(lane, "request", red)
     assert text[0] == f"{red}  failed (red verdict)"
     assert "  verdict   red" in text and "  kind      head" in text
-    assert "  reason    it ran past the poll deadline (2s)" in text
+    assert "  reason    it ran past the poll deadline (2s since it started)" in text
     assert f"  fact      degree 1 (red) by {red}" in text
 
     # validated again once the build can finish: green, the red fact still readable

@@ -769,6 +769,10 @@ def test_backfill_is_off_unless_asked_and_has_a_shorthand(tmp_path: Path) -> Non
     assert queues.get("b").backfill == BackfillSpec(mode="off")  # YAML's bare off is false
     assert queues.get("c").backfill == BackfillSpec(mode="bisect", max_builds=3)
     assert queues.get("c").backfill.max_concurrent == 1
+    # a commit whose probe could not validate is probed again after 5 min, doubling, and
+    # passed by after 5 such probes
+    assert (queues.get("c").backfill.unvalidated_probes,
+            queues.get("c").backfill.probe_backoff) == (5, timedelta(minutes=5))
 
 
 def test_backfill_mistakes_are_named(tmp_path: Path) -> None:
@@ -778,3 +782,7 @@ def test_backfill_mistakes_are_named(tmp_path: Path) -> None:
                                                   "budget": 3}))
     assert any(p.startswith("queues.q.backfill.max_builds:") for p in problems), problems
     assert any("budget" in p for p in problems), problems
+    problems = _problems(tmp_path, _doc(backfill={"mode": "bisect", "unvalidated_probes": 0,
+                                                  "probe_backoff": "soon"}))
+    assert any(p.startswith("queues.q.backfill.unvalidated_probes:") for p in problems)
+    assert any(p.startswith("queues.q.backfill.probe_backoff:") for p in problems), problems

@@ -69,7 +69,8 @@ def words(r: Request, b: Build | None = None, fact: ValidationFact | None = None
 
 def search(state: SearchState = SearchState.BISECTING, *, lo: int = 0, hi: int = 4,
            culprit: str | None = None, builds: int = 1, probes: int = 1,
-           detail: str = "") -> CulpritSearch:
+           detail: str = "", confirmed: bool | None = None, why: str | None = None,
+           candidate: str | None = None) -> CulpritSearch:
     commits = tuple(uri(f"c{i}") for i in range(5))
     culprit_index = commits.index(uri(culprit)) if culprit else None
     return CulpritSearch(
@@ -80,7 +81,9 @@ def search(state: SearchState = SearchState.BISECTING, *, lo: int = 0, hi: int =
         culprit_uri=uri(culprit) if culprit else None,
         culprit_request_id=f"request/{Q}/1~{culprit_index}" if culprit_index else None,
         created_at=NOW, updated_at=NOW, ended_at=None if state is SearchState.BISECTING
-        else NOW, version=1)
+        else NOW, version=1,
+        confirmed=(True if confirmed is None else confirmed) if culprit else None,
+        unconfirmed_reason=why, candidate_uri=uri(candidate) if candidate else None)
 
 
 def test_durations() -> None:
@@ -141,11 +144,28 @@ def test_red_and_its_culprit() -> None:
     culprit = request("1~2", "c2", RequestState.FAILED, kind=RequestKind.BACKFILL,
                       verdict=Verdict.RED)
     assert words(culprit, search=found) == (
-        "red — the culprit: the first red commit (its first parent is green)")
+        "red — the culprit: its first parent is green and every commit after it is red")
     head = request("2", "c4", RequestState.FAILED, verdict=Verdict.RED, attempt=2)
     assert words(head, search=found) == "red after 2 attempts — broken since the culprit c2"
     assert words(head, search=search(lo=0, hi=4)) == (
         "red after 2 attempts — finding the culprit: it is among 4 commits")
+    unsure = search(SearchState.FOUND, lo=1, hi=2, culprit="c2", builds=2, probes=2,
+                    confirmed=False, why="1 commit between it and the head could not be "
+                                         "validated")
+    assert words(culprit, search=unsure) == (
+        "red — a break (its first parent is green), not confirmed as the head's: 1 commit "
+        "between it and the head could not be validated")
+    assert words(head, search=unsure) == (
+        "red after 2 attempts — after c2, a break not confirmed as the head's")
+    old = request("1~1", "c1", RequestState.FAILED, kind=RequestKind.BACKFILL,
+                  verdict=Verdict.RED)
+    assert words(old, search=unsure) == "red — a break fixed before c2"
+    confirming = search(lo=1, hi=2, candidate="c2")
+    assert words(culprit, search=confirming) == (
+        "red — a break (its first parent is green); the commits between it and the head "
+        "are being built to confirm it is the head's")
+    assert words(head, search=confirming) == (
+        "red after 2 attempts — finding the culprit: confirming the break c2")
     spent = search(SearchState.BUDGET_SPENT, lo=1, hi=4, detail="backfill.max_builds (4) "
                    "spent; the culprit is among 3 commits")
     assert words(head, search=spent) == (
@@ -156,6 +176,15 @@ def test_red_and_its_culprit() -> None:
 def test_unbuilt_commits() -> None:
     found = search(SearchState.FOUND, lo=1, hi=2, culprit="c2")
     assert unbuilt_words(found, 3, name) == "never built: after the culprit c2"
+    unsure = search(SearchState.FOUND, lo=1, hi=2, culprit="c2", confirmed=False, why="x")
+    assert unbuilt_words(unsure, 3, name) == (
+        "never built: between the break c2 and the head, so a later fix and break could "
+        "hide here")
+    assert unbuilt_words(unsure, 1, name) == "never built: before the break c2"
+    confirming = search(lo=1, hi=2, candidate="c2")
+    assert unbuilt_words(confirming, 3, name) == (
+        "not built yet: between the break c2 and the head; built to confirm it is the "
+        "head's")
     bisecting = search(lo=1, hi=4)
     assert unbuilt_words(bisecting, 2, name) == (
         "not built yet: the culprit may be this commit (it is among 3 commits)")
@@ -165,13 +194,40 @@ def test_unbuilt_commits() -> None:
 
 
 def test_the_search_in_words() -> None:
+    # only builds that ran are counted: a probe started, or one that could not validate,
+    # spent nothing
     assert search_view(search(builds=0, probes=1), name).words == (
-        "bisecting: the culprit is among 4 commits after c0; 1 backfill build spent (at "
+        "bisecting: the culprit is among 4 commits after c0; 0 backfill builds spent (at "
         "most 4)")
+    waiting = replace(search(builds=1, probes=2), wake_at=NOW + timedelta(seconds=90))
+    assert search_view(waiting, name).words == (
+        "bisecting: the culprit is among 4 commits after c0; 1 backfill build spent (at "
+        "most 4); a commit whose probe could not validate it is probed again at "
+        "2026-12-02 12:01:30 UTC")
+    confirming = search_view(search(lo=1, hi=2, candidate="c2", builds=2), name)
+    assert (confirming.words, confirming.candidate_uri, confirming.confirmed) == (
+        "confirming c2, a break after c1: the commits between it and the head are being "
+        "built; 2 backfill builds spent (at most 4)", uri("c2"), None)
     found = search_view(search(SearchState.FOUND, lo=1, hi=2, culprit="c2", builds=3,
                                probes=3), name)
-    assert (found.words, found.builds, found.commits_left, found.commits) == (
-        "found c2 after 3 backfill builds", 3, 1, 4)
+    assert (found.words, found.builds, found.commits_left, found.commits, found.confirmed) == (
+        "found c2 after 3 backfill builds; confirmed: every commit from it to the head is "
+        "red", 3, 1, 4, True)
+    unsure = search_view(search(SearchState.FOUND, lo=1, hi=2, culprit="c2", builds=4,
+                                confirmed=False, why="backfill.max_builds (4) was spent"),
+                         name)
+    assert (unsure.words, unsure.confirmed) == (
+        "a break, not confirmed as the head's: c2, found after 4 backfill builds "
+        "(backfill.max_builds (4) was spent)", False)
+    # a culprit named by the release before confirmation was recorded: not confirmed
+    old = replace(search(SearchState.FOUND, lo=1, hi=2, culprit="c2", builds=2),
+                  confirmed=None)
+    assert search_view(old, name).words.startswith("a break, not confirmed as the head's: c2")
+    assert old.unconfirmed_why == ("named by an earlier release, which did not check the "
+                                   "commits between it and the head")
+    at_once_old = replace(search(SearchState.FOUND, lo=3, hi=4, culprit="c4", builds=0),
+                          confirmed=None)
+    assert at_once_old.culprit_confirmed
     at_once = search_view(search(SearchState.FOUND, lo=3, hi=4, culprit="c4", builds=0,
                                  probes=0), name)
     assert at_once.words == ("found c4: its first parent is the last green commit, so no "
@@ -218,6 +274,28 @@ def test_the_summary(pinned: bool) -> None:
     else:
         expected += "The promotion ref verified-main is at the bookmark."
     assert told == expected
+
+
+def test_the_summary_of_a_break_not_confirmed_as_the_heads() -> None:
+    head = entry("2", "c4", "red — after c2, a break not confirmed as the head's",
+                 verdict="red")
+    bookmark = entry("1~1", "c1", "green", verdict="green", state="succeeded")
+    culprit = CulpritView(uri=uri("c2"), sha="c2ffffffffffffff", subject="c2: change",
+                          author="Ada <ada@example.invalid>", committed_at=None,
+                          request_id=f"request/{Q}/1~2", build=None, red_since=NOW,
+                          found_at=NOW, confirmed=False,
+                          unconfirmed_reason="backfill.max_builds (4) was spent before the "
+                                             "1 commit between it and the head were built")
+    view = search_view(search(SearchState.FOUND, lo=1, hi=2, culprit="c2", builds=4,
+                              confirmed=False, why=culprit.unconfirmed_reason), name)
+    nothing = Promotion(ref=None, uri=None, known=True, pinned=None)
+    told = summary(Q, head=head, bookmark=bookmark, search=view, culprit=culprit,
+                   promotion=nothing, bookmark_name="c1", ingested=True, cut=False)
+    assert told.startswith(
+        f'{Q} is red; a break, not confirmed as the head\'s: c2ffffffffff "c2: change" by '
+        f"Ada <ada@example.invalid>, found after 4 backfill builds (backfill.max_builds (4) "
+        f"was spent before the 1 commit between it and the head were built). The newest "
+        f"head is"), told
 
 
 def test_the_summary_of_a_green_queue_and_an_empty_one() -> None:

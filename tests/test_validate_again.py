@@ -73,6 +73,7 @@ class Repo:
         return (f'v=$(cat {v}); echo "verdict $v"; '
                 f'if [ "$v" = hang ]; then sleep 600; fi; '
                 f'if [ "$v" = once-red ]; then echo green > {v}; exit 1; fi; '
+                f'if [ "$v" = red-then-hang ]; then echo hang > {v}; exit 1; fi; '
                 f'[ "$v" != red ]')
 
 
@@ -138,6 +139,35 @@ def test_a_flaky_build_is_run_again_and_its_green_is_marked_flaky(lane: Lane) ->
     assert lane.dead_letters() == 0
 
 
+@lane_repo_queue(retry={"red": 1, "unvalidated": 0})
+def test_a_red_verdict_stands_when_its_re_run_could_not_validate(lane: Lane) -> None:
+    """Issue 23, item 5: retry.red 1 — the build fails (red), its re-run's process
+    vanishes (no verdict): the Request ends red with a red fact of 2 attempts, not
+    without a verdict (before: the red was dropped)."""
+    repo, queue = Repo(lane.root), lane.name(QUEUE)
+    repo.commit("c1", "red-then-hang")
+    rid = lane.ingest(queue)
+
+    def rerun() -> list[tuple[Any, ...]]:
+        return lane.query("SELECT c.pgid FROM command_build c JOIN build b"
+                          " ON b.queue = c.queue AND b.id = c.build_id"
+                          " WHERE c.status = 'running' AND c.pgid IS NOT NULL"
+                          " AND b.attempt = 2 AND c.queue = %s", queue)
+
+    wait_until(lambda: bool(rerun()), timeout=120, what="the re-run to run")
+    [(pgid,)] = rerun()
+    os.killpg(pgid, signal.SIGKILL)
+    assert _settle(lane, rid) == "failed"
+    request = lane.request(rid)["request"]
+    assert request["verdict"] == "red"
+    assert "red on an earlier attempt" in request["reason"]
+    assert "vanished" in request["reason"]
+    assert _facts(lane, queue) == {rid: (1.0, 2, False)}
+    assert lane.query("SELECT attempt, status, verdict FROM build WHERE queue = %s"
+                      " ORDER BY attempt", queue) == [(1, "failed", "red"),
+                                                      (2, "failed", None)]
+
+
 @lane_repo_queue()
 def test_a_failed_head_is_validated_again_on_request_and_its_new_verdict_answers(
         lane: Lane) -> None:
@@ -195,28 +225,33 @@ def test_validating_an_older_commit_again_moves_neither_the_bookmark_nor_the_ref
     assert lane.invariant_violations(strict_bookmark=False) == []
 
 
-@lane_repo_queue(retry={"unvalidated": 0})
+@lane_repo_queue(retry={"unvalidated": 1, "backoff": "200ms"})
 def test_a_head_that_could_not_be_validated_is_validated_again_when_ingested(
         lane: Lane) -> None:
-    """retry.unvalidated: 0 — a build whose process vanishes (killed behind our back) gives
-    no verdict: the Request fails without one (no fact, no red alert, its reason shown,
-    an `error` commit status), and the next ingest of the same head validates it again."""
+    """retry.unvalidated: 1 — a build whose process vanishes (killed behind our back),
+    twice, gives no verdict: the Request fails without one (no fact, no red alert, its
+    reason shown, an `error` commit status, its cause transient), and the next ingest of
+    the same head validates it again."""
     repo, queue = Repo(lane.root), lane.name(QUEUE)
     c1 = repo.commit("c1", "hang")
     first = lane.ingest(queue)
 
-    def running() -> list[tuple[Any, ...]]:
-        return lane.query("SELECT pgid FROM command_build WHERE status = 'running'"
-                          " AND pgid IS NOT NULL AND queue = %s", queue)
+    def running(attempt: int) -> list[tuple[Any, ...]]:
+        return lane.query("SELECT c.pgid FROM command_build c JOIN build b"
+                          " ON b.queue = c.queue AND b.id = c.build_id"
+                          " WHERE c.status = 'running' AND c.pgid IS NOT NULL"
+                          " AND b.attempt = %s AND c.queue = %s", attempt, queue)
 
-    wait_until(lambda: bool(running()), timeout=120, what="the build to run")
-    [(pgid,)] = running()
-    os.killpg(pgid, signal.SIGKILL)
+    for attempt in (1, 2):
+        wait_until(lambda a=attempt: bool(running(a)), timeout=120,  # type: ignore[misc]
+                   what=f"attempt {attempt} to run")
+        [(pgid,)] = running(attempt)
+        os.killpg(pgid, signal.SIGKILL)
     lane.wait_terminal([first], timeout=120)
     assert lane.states() == {first: "failed"}
     request = lane.request(first)["request"]
-    assert request["verdict"] is None
-    assert request["reason"].startswith("could not be validated (1 attempt): its process "
+    assert request["verdict"] is None and request["unvalidated_cause"] == "transient"
+    assert request["reason"].startswith("could not be validated (2 attempts): its process "
                                         "vanished")
     wait_until(lambda: lane.query("SELECT recorded FROM request WHERE queue = %s", queue)
                == [(False,)], timeout=5, what="no record of a Request without a verdict")

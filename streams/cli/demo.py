@@ -80,7 +80,7 @@ STEPS = (
     Step("add another feature", answer=42),
 )
 # then one push of several commits, one of which breaks the build: the head is red, and
-# Stovepipe bisects the commits nobody built to name the culprit
+# Stovepipe validates the commits nobody built to name the culprit and confirm it
 PUSH = (
     Step("tidy the docs", answer=42),
     Step("speed up the parser", answer=43),
@@ -308,8 +308,8 @@ def demo_command(web_port: int, keep_running: bool | None) -> None:
             commits[git_uri(str(repo.path), "main", sha)] = (sha, step.subject)
         request_id = _ingest(demo_settings, topics, queues_file)
         progress.wait_terminal(request_id, worker, log)
-        click.echo("   the head is red: bisecting the commits nobody built "
-                   "(backfill Requests, ids …~<n>)")
+        click.echo("   the head is red: validating commits nobody built to find the break "
+                   "it is red for (backfill Requests, ids …~<n>)")
         progress.wait_culprit(worker, log)
         _print_summary(dsn, repo, commits, dashboard)
         click.echo(f"Demo finished in {time.monotonic() - started:.0f} s.")
@@ -362,16 +362,18 @@ def _print_summary(dsn: str, repo: DemoRepository, commits: dict[str, tuple[str,
                f"(git -C {repo.path} rev-parse verified-main)")
     with psycopg.connect(dsn) as conn:
         search = conn.execute(
-            "SELECT state, culprit_uri, builds, cardinality(commits) - 2, detail"
+            "SELECT state, culprit_uri, builds, cardinality(commits) - 2, detail, confirmed"
             " FROM culprit_search WHERE queue = %s ORDER BY created_at DESC LIMIT 1",
             (QUEUE,)).fetchone()
     if search is not None:
-        state, culprit, builds, unbuilt, detail = search
+        state, culprit, builds, unbuilt, detail, confirmed = search
         if culprit is not None:
             sha, subject = commits.get(culprit, ("?", "?"))
+            what = ("the culprit, confirmed (every commit after it is red)" if confirmed
+                    else "a break, not confirmed as the head's")
             click.echo("  red since: " + click.style(f"{sha[:8]} {subject!r}", fg="red",
                                                       bold=True)
-                       + f" by Demo — the culprit, found among {unbuilt} commits nobody "
+                       + f" by Demo — {what}, found among {unbuilt} commits nobody "
                          f"built with {builds} backfill builds")
         else:
             click.echo(f"  culprit search: {state} ({detail})")

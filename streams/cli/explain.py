@@ -53,7 +53,10 @@ def story_lines(told: Story) -> list[str]:
     if told.culprit is not None:
         c = told.culprit
         who = f" by {c.author}" if c.author else ""
-        lines.append(f"culprit    {c.sha or c.uri}{who}")
+        lines.append(f"{'culprit' if c.confirmed else 'a break':<11}{c.sha or c.uri}{who}")
+        if not c.confirmed:
+            lines += _wrapped("           ", f"not confirmed as the head's: "
+                                            f"{c.unconfirmed_reason}")
         if c.subject:
             lines.append(f"           {c.subject}")
         if c.committed_at:

@@ -14,6 +14,7 @@ from store import (
     Queue,
     Request,
     RequestState,
+    UnvalidatedCause,
     ValidationFact,
 )
 from streams.cli.common import emit, json_option, open_db, queues_option, run_async
@@ -57,6 +58,8 @@ def request_command(request_id: str, as_json: bool) -> None:
              f"  verdict   {r.verdict or 'none'}"]
     if r.reason and not r.unvalidated:  # an unvalidated Request's reason is in its state
         lines.append(f"  reason    {r.reason}")
+    if r.unvalidated:
+        lines.append(f"  again     {revalidation_text(r)}")
     lines.append(f"  attempts  {r.attempt}")
     lines += [f"  attempt {b.attempt}  {b.id}  {_build_outcome(b)}" for b in detail.builds]
     lines.append(f"  fact      {_fact_text(detail.fact)}")
@@ -82,6 +85,19 @@ def state_text(request: Request) -> str:
     if request.state is RequestState.CANCELLED and request.reason:
         return f"cancelled: {request.reason}"
     return str(request.state)
+
+
+def revalidation_text(request: Request) -> str:
+    """For a Request that could not validate its commit: who validates the commit again
+    (design §4)."""
+    if request.unvalidated_cause is UnvalidatedCause.PERMANENT:
+        return ("only on request (stovepipe retry): its cause is permanent, building it "
+                "again would fail the same way")
+    done = request.revalidations
+    return (f"by the next ingest of the head, after a growing spacing, while the queue's "
+            f"retry.unvalidated allows ({done} automatic re-validation"
+            f"{'s' if done != 1 else ''} of this commit before it): its cause looks "
+            f"transient")
 
 
 def why_unvalidated(reason: str) -> str:
@@ -151,7 +167,11 @@ def _red_since_lines(culprit: CulpritView | None, search: SearchView | None) -> 
     lines = []
     if culprit is not None:
         who = f" by {culprit.author}" if culprit.author else ""
-        lines.append(f"  red since   {culprit.sha or culprit.uri}{who}")
+        label = "red since" if culprit.confirmed else "a break  "
+        lines.append(f"  {label}   {culprit.sha or culprit.uri}{who}")
+        if not culprit.confirmed:
+            lines.append(f"              not confirmed as the head's: "
+                         f"{culprit.unconfirmed_reason}")
         if culprit.subject:
             lines.append(f"              {culprit.subject}")
         if culprit.committed_at:

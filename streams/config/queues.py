@@ -116,12 +116,18 @@ class BackfillSpec:
     on the queue's runner) never does."""
 
     mode: Annotated[str, BeforeValidator(_backfill_mode)] = "off"
-    # builds one search may spend (about log2(n) for n commits; a flaky re-run counts)
+    # builds that ran (gave a verdict) one search may spend, re-runs under retry.red
+    # included; a probe starts only while 1 + retry.red more builds fit
     max_builds: PositiveInt = 10
     # backfill builds of the queue at once, besides its max_concurrent heads
     max_concurrent: PositiveInt = 1
     # commits a search lists at most (a longer red range is searched in its newest part)
     max_commits: PositiveInt = 1000
+    # a commit whose probe could not validate it is probed again after `probe_backoff`,
+    # doubling each time (at most PROBE_BACKOFF_CAP), and passed by after this many
+    # probes of it could not validate it
+    unvalidated_probes: PositiveInt = 5
+    probe_backoff: Duration = timedelta(minutes=5)
 
     @property
     def enabled(self) -> bool:
@@ -137,7 +143,12 @@ class QueueConfig:
     gate_delay: timedelta = timedelta(seconds=1)  # hold while the queue is full
     poll_delay_queued: timedelta = timedelta(seconds=5)  # between polls of a queued build
     poll_delay_running: timedelta = timedelta(seconds=2)  # between polls of a running one
-    poll_deadline: timedelta = timedelta(hours=1)  # then cancelled and counted failed
+    # how long a build may run, from its start; then it is cancelled, and counts red if
+    # it was running (a hang) or could not validate if it was waiting (blocked, approval)
+    poll_deadline: timedelta = timedelta(hours=1)
+    # how long a build may wait to start, from its trigger (None: poll_deadline); then it
+    # is cancelled and its attempt could not validate
+    start_deadline: timedelta | None = None
     # how long a trigger, an ancestry check or a promotion waits out its dependency's
     # outage before it gives up (a trigger: the attempt could not validate)
     trigger_deadline: timedelta = timedelta(hours=1)
@@ -191,7 +202,8 @@ class QueuesConfig:
 
 
 _KNOBS = ("max_concurrent", "gate_delay", "poll_delay_queued", "poll_delay_running",
-          "poll_deadline", "trigger_deadline", "retry", "backfill", "webhook_repository")
+          "poll_deadline", "start_deadline", "trigger_deadline", "retry", "backfill",
+          "webhook_repository")
 _EXTENSIONS = {
     "source_control": "{kind: fake, path: repo.json, repo: demo, ref: main}",
     "build_runner": "{kind: fake}",
@@ -212,6 +224,7 @@ class QueueFields(Section):
     poll_delay_queued: Duration | None = None
     poll_delay_running: Duration | None = None
     poll_deadline: Duration | None = None
+    start_deadline: Duration | None = None
     trigger_deadline: Duration | None = None
     retry: RetrySpec | None = None  # replaced whole, like notify
     backfill: Annotated[BackfillSpec, BeforeValidator(_backfill_shorthand)] | None = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 from contract import BuildRequest, BuildSignal, Record, TopicKey
 from store import BuildStatus, Request, RequestState, VersionMismatch
 from streams.extensions import budget
+from streams.extensions.buildrunner import BuildRunnerError
 from streams.runtime import ACK, Hold, Outcome, RetryableError, metrics
 from streams.stages import attempts, loops
 from streams.stages.deps import (
@@ -66,7 +67,6 @@ async def handle_build(payload: BuildRequest, ctx: StageContext) -> Outcome:
     if request.attempt_due_in > 0:  # a re-attempt's backoff
         return Hold(request.attempt_due_in, _this_attempt(request))
 
-    config = deps.queue_config(request.queue)
     runner = deps.extensions.build_runner(request.queue)
     try:
         # a trigger the budget spaces out says when it is back (streams.stages.loops)
@@ -76,15 +76,18 @@ async def handle_build(payload: BuildRequest, ctx: StageContext) -> Outcome:
                 "queue": request.queue, "request_id": request.id,
                 "strategy": request.build_strategy.value,
                 "trigger_key": trigger_key(request), "attempt": str(request.attempt)}))
+    except BuildRunnerError as exc:
+        if not exc.retryable:
+            # refused (401, 404, 422, no token, a bad configuration): triggering again
+            # would be refused the same way
+            return await _end_without_build(ctx, request, attempts.Observed(
+                BuildStatus.FAILED, None, f"its trigger was refused: {exc}",
+                permanent=True))
+        return await _wait_for_trigger(ctx, request, exc)
     except Exception as exc:
         if not is_dependency_unavailable(exc):
             raise
-        if ctx.waiting_for < seconds(config.trigger_deadline):
-            wait = dependency_wait(ctx, exc, floor=1.0, payload=_this_attempt(request))
-            # alive to the sweeper while it waits: it re-publishes only a lost message
-            await deps.db.requests.touch_loop(request.queue, request.id, quiet=wait.delay)
-            return wait
-        return await _trigger_gave_up(ctx, request, exc)
+        return await _wait_for_trigger(ctx, request, exc)
     # the loop starts with this message's token: no write on its first poll
     token = loops.message_token(ctx.stage, ctx.message)
     build = await deps.db.builds.get_or_create(request.queue, build_id, request.id,
@@ -95,24 +98,38 @@ async def handle_build(payload: BuildRequest, ctx: StageContext) -> Outcome:
     return ACK
 
 
-async def _trigger_gave_up(ctx: StageContext, request: Request,
-                           error: BaseException) -> Outcome:
-    """The runner stayed unavailable past the trigger deadline: this attempt could not
-    validate (no build ran)."""
+async def _wait_for_trigger(ctx: StageContext, request: Request,
+                            error: BaseException) -> Outcome:
+    """Wait out a runner that is unavailable, up to the queue's trigger deadline; past
+    it, this attempt could not validate (no build ran)."""
     deps: Deps = ctx.deps
     config = deps.queue_config(request.queue)
-    reason = (f"its build could not be triggered for {ctx.waiting_for:.0f}s (trigger "
-              f"deadline {seconds(config.trigger_deadline):.0f}s): {error}")
-    end = attempts.decide(request, attempts.Observed(BuildStatus.FAILED, None, reason),
-                          config.retry)
+    if ctx.waiting_for < seconds(config.trigger_deadline):
+        wait = dependency_wait(ctx, error, floor=1.0, payload=_this_attempt(request))
+        # alive to the sweeper while it waits: it re-publishes only a lost message
+        await deps.db.requests.touch_loop(request.queue, request.id, quiet=wait.delay)
+        return wait
+    return await _end_without_build(ctx, request, attempts.Observed(
+        BuildStatus.FAILED, None,
+        f"its build could not be triggered for {ctx.waiting_for:.0f}s (trigger deadline "
+        f"{seconds(config.trigger_deadline):.0f}s): {error}"))
+
+
+async def _end_without_build(ctx: StageContext, request: Request,
+                             observed: attempts.Observed) -> Outcome:
+    """End this attempt, which has no build, as ``observed`` says (`attempts.decide`)."""
+    deps: Deps = ctx.deps
+    config = deps.queue_config(request.queue)
+    reason = observed.reason
+    end = attempts.decide(request, observed, config.retry)
     ended = await deps.db.steps.end_attempt(request, end,
                                             status_channels=config.status_channels)
     if ended.request is None:  # the Request changed meanwhile: decide again
         raise VersionMismatch("request", {"queue": request.queue, "id": request.id},
                               expected_version=request.version, actual_version=None)
     metrics.ATTEMPTS_ENDED.labels(queue=request.queue, outcome="unvalidated").inc()
-    ctx.log.warning("trigger_gave_up attempt=%d settled=%s reason=%s", request.attempt,
-                    ended.settled, reason)
+    ctx.log.warning("trigger_failed attempt=%d settled=%s permanent=%s reason=%s",
+                    request.attempt, ended.settled, observed.permanent, reason)
     if ended.settled:
         await ctx.publish(TopicKey.RECORD, Record(id=request.id, queue_name=request.queue,
                                                   nonce=request.nonce))

@@ -10,9 +10,16 @@ cancelled at its runner.
 
 A runner that is unavailable (5xx, 429, a rate limit, a timeout) is waited out: the loop
 backs off from its poll delay, never polling more often than it would when healthy, and
-says when it will be back so the sweeper does not start another. Past the poll deadline
-the attempt ends: a build still running is cancelled and counts red (it hung); one that
-never started, or whose status could not be read, gives no verdict.
+says when it will be back so the sweeper does not start another.
+
+Deadlines are measured from the moment what they bound began. A build's start is
+recorded once (the provider's own start time, else the first poll that saw it running).
+A build that started is bounded by the queue's poll deadline *from its start*: past it, a
+build still running is cancelled and counts red (it hung), while one waiting then
+(blocked at a block step, awaiting an approval, canceling) gives no verdict. A build that
+never started is bounded by the start deadline from its trigger: time spent queued for an
+agent never makes a build red. A build whose status could not be read until past its
+deadline gives no verdict either.
 """
 
 from __future__ import annotations
@@ -82,7 +89,6 @@ async def _poll(payload: BuildSignal, ctx: StageContext) -> Outcome:
         ctx.log.debug("poll_loop_duplicate_ended build_id=%s", build.id)
         return ACK
     runner = ctx.deps.extensions.build_runner(build.queue)
-    deadline = seconds(config.poll_deadline)
     try:
         # a poll the budget spaces out says when it is back (streams.stages.loops)
         report = await budget.announcing(loops.build_back_after(deps.db, build.queue, build.id),
@@ -90,30 +96,30 @@ async def _poll(payload: BuildSignal, ctx: StageContext) -> Outcome:
     except Exception as exc:
         if not is_dependency_unavailable(exc):
             raise
-        if build.age <= deadline:  # by the database's clock
+        past = past_deadline(build, config)  # by the database's clock
+        if past is None:
             return await _wait_for_runner(ctx, build, config, mine, exc)
         await _cancel_quietly(ctx, build)
         return await _end_attempt(ctx, request, build, attempts.Observed(
-            BuildStatus.FAILED, None,
-            f"its status could not be read past the poll deadline ({deadline:.0f}s): "
-            f"{exc}"), config)
+            BuildStatus.FAILED, None, f"its status could not be read past {past}: {exc}"),
+            config)
 
+    build = await _note_start(ctx, build, report)
     observed = _observed(report)
-    if observed is None and build.age > deadline:
+    if observed is None:
         # a hung build must not wedge its queue (one that ended meanwhile, even unseen
         # through an outage, keeps its own outcome)
-        await _cancel_quietly(ctx, build)
-        ctx.log.warning("poll_deadline build_id=%s age=%.0fs deadline=%.0fs status=%s",
-                        build.id, build.age, deadline, report.status)
-        observed = (attempts.Observed(BuildStatus.FAILED, Verdict.RED,
-                                      f"it ran past the poll deadline ({deadline:.0f}s)")
-                    if report.status is BuildStatus.RUNNING else
-                    attempts.Observed(BuildStatus.FAILED, None,
-                                      f"it did not start within the poll deadline "
-                                      f"({deadline:.0f}s)"))
+        observed = ended_by_deadline(build, report, config)
+        if observed is not None:
+            await _cancel_quietly(ctx, build)
+            ctx.log.warning("deadline build_id=%s age=%.0fs run_age=%s status=%s "
+                            "waiting=%s verdict=%s", build.id, build.age,
+                            "-" if build.run_age is None else f"{build.run_age:.0f}s",
+                            report.status, report.waiting or "-",
+                            observed.verdict.value if observed.verdict else "none")
     if observed is None:
         build = await _store_status(ctx, build, report.status)
-        configured = seconds(config.poll_delay_running if build.status is BuildStatus.RUNNING
+        configured = seconds(config.poll_delay_running if report.running_now
                              else config.poll_delay_queued)
         # a hosted CI spaces the polls as its credential's budget allows, and aligns them
         # with the batched list of the build's pipeline (streams.extensions.budget)
@@ -128,12 +134,52 @@ async def _poll(payload: BuildSignal, ctx: StageContext) -> Outcome:
     return await _end_attempt(ctx, request, build, observed, config)
 
 
+def past_deadline(build: Build, config: QueueConfig) -> str | None:
+    """The deadline ``build`` is past, in words, or None: the poll deadline from its
+    start once it started, else the start deadline from its trigger."""
+    if build.run_age is not None:
+        deadline = seconds(config.poll_deadline)
+        if build.run_age > deadline:
+            return f"the poll deadline ({deadline:.0f}s since it started)"
+        return None
+    # how long it may wait for an agent, a runner or a free slot before it starts
+    deadline = seconds(config.start_deadline if config.start_deadline is not None
+                       else config.poll_deadline)
+    if build.age > deadline:
+        return f"the start deadline ({deadline:.0f}s since its trigger, never started)"
+    return None
+
+
+def ended_by_deadline(build: Build, report: BuildReport,
+                      config: QueueConfig) -> attempts.Observed | None:
+    """How the attempt of a build that is still going on ends at its deadline (None:
+    within it). Only a build that *ran* longer than the poll deadline since it started is
+    red (a hang); one that waits at its deadline — queued, blocked at a block step,
+    awaiting an approval, canceling — says nothing about the commit."""
+    past = past_deadline(build, config)
+    if past is None:
+        return None
+    if build.run_age is not None and report.running_now:
+        return attempts.Observed(BuildStatus.FAILED, Verdict.RED, f"it ran past {past}")
+    waiting = report.waiting or ("queued" if build.run_age is None else "not running")
+    return attempts.Observed(BuildStatus.FAILED, None, f"at {past} it was {waiting}")
+
+
+async def _note_start(ctx: StageContext, build: Build, report: BuildReport) -> Build:
+    """Record the build's start once: the provider's start time when it gives one, else
+    now, the first poll that sees it running."""
+    if build.started_at is not None or (report.started_at is None and not report.running_now):
+        return build
+    return await ctx.deps.db.builds.mark_started(build, report.started_at)
+
+
 def _observed(report: BuildReport) -> attempts.Observed | None:
     """The end a runner's report tells of, or None while the build goes on."""
     if not report.status.is_terminal:
         return None
     if report.status is BuildStatus.FAILED and report.unvalidated:
-        return attempts.Observed(BuildStatus.FAILED, None, report.unvalidated)
+        return attempts.Observed(BuildStatus.FAILED, None, report.unvalidated,
+                                 permanent=report.permanent)
     verdict = {BuildStatus.SUCCEEDED: Verdict.GREEN,
                BuildStatus.FAILED: Verdict.RED}.get(report.status)
     return attempts.Observed(report.status, verdict, report.metadata.get("detail", "")

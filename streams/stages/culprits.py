@@ -2,20 +2,34 @@
 
 When a red verdict follows the queue's last green commit and commits between them on the
 branch's first-parent history were never built (superseded heads, several commits in one
-push), the queue validates some of them to name the culprit: a red commit whose first
-parent is green. One search per red streak:
+push), the queue validates some of them to name the culprit: the break the red head is
+red for — the *newest* red commit whose first parent is green. A range can hold a break
+that was fixed and a later one, so a break found is named as the head's (``confirmed``)
+only when every commit from it to the head is known red; otherwise it is named as "a
+break, not confirmed as the head's", with the reason. One search per red streak:
 
 1. **Open** (record, on the red verdict of a head or retry newer than the bookmark, when
    the streak has no search yet): list the first-parent commits from the bookmark to the
-   red commit (SourceControl.commits_between). One commit: it is the culprit. More: bisect.
+   red commit (SourceControl.commits_between). One commit: it is the culprit, confirmed.
+   More: search.
 2. **Advance** (record, after each backfill Request of the search ends; record, when a
-   green verdict moves the bookmark; the sweeper, for a search nothing moved for a while):
-   from what is known of the range's commits, narrow ``lo`` (newest known green) and
-   ``hi`` (oldest known red above it), and start the next probe — a Request of kind
-   `backfill` at the middle of what is left — as `bisect_step` decides. Stops when the
-   culprit is named, when the branch went green again (the break was fixed: no more builds
-   spent on it), when ``backfill.max_builds`` builds were spent, or when every commit left
-   could not be validated.
+   green verdict moves the bookmark; the sweeper, for a search nothing moved for a while
+   or whose commit is due to be probed again): from what is known of the range's
+   commits, `bisect_step` decides the next probes — Requests of kind `backfill` — or the
+   end: bisection to a break, then the commits between it and the head, newest first
+   (the rule and its guarantee are in its docstring). Stops when the culprit is named
+   (confirmed or not), when the branch went green again (the break was fixed: no more
+   builds spent on it), when ``backfill.max_builds`` builds that ran leave no room for
+   another probe, or when every commit left was passed by.
+
+**Only builds that ran count.** A probe's builds that gave a verdict (green or red, a
+hang included) count against ``max_builds``; one that could not validate does not. A
+probe starts only while every build it may run (1 + retry.red) fits, so the builds that
+ran never exceed ``max_builds``. A probe that ended without a verdict leaves its commit
+unknown: it is probed again after ``backfill.probe_backoff``, doubling (at most
+`PROBE_BACKOFF_CAP`), and passed by only once ``backfill.unvalidated_probes`` of its
+probes could not validate it; while only such commits are left, the search waits (its
+``wake_at`` tells the sweeper when), so an outage never ends a search.
 
 A backfill Request supersedes nothing and holds the backfill capacity only, admitted
 while the queue has a free slot for its heads (`streams.stages.process`), so it never
@@ -30,21 +44,14 @@ probe is never started twice nor lost.
 
 from __future__ import annotations
 
-import itertools
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
 
 from contract import ProcessRequest, TopicKey
 from store import (
     Request,
     RequestKind,
-    RequestState,
     Stores,
     Verdict,
-    commit_request_id,
-    make_request_id,
     request_order,
 )
 from store.culprits import CommitRecord, CulpritSearch, SearchState
@@ -52,111 +59,30 @@ from streams.config.queues import BackfillSpec, UnknownQueue
 from streams.extensions.sourcecontrol import CommitInfo, CommitNotFound, NotOnFirstParent
 from streams.runtime import metrics
 from streams.runtime.stage import Publisher
+from streams.stages.bisection import (
+    PROBE_BACKOFF_CAP,
+    Budget,
+    Known,
+    ProbeTally,
+    Step,
+    Unconfirmed,
+    bisect_step,
+    fresh_probe_id,
+    probe_again_after,
+    tally_probes,
+    what_is_known,
+)
 from streams.stages.deps import Deps
+
+# the pure search, used here and by its tests through this module too
+__all__ = ["PROBE_BACKOFF_CAP", "STALLED_AFTER", "Budget", "Known", "ProbeTally", "Step",
+           "Unconfirmed", "advance", "advance_probe", "advance_queue", "bisect_step",
+           "fresh_probe_id", "open_search", "probe_again_after", "tally_probes",
+           "what_is_known"]
 
 log = logging.getLogger("stovepipe.culprits")
 
 STALLED_AFTER = 60.0  # seconds a bisecting search may go unchanged before the sweeper looks
-
-
-# --- the bisection, as a pure function --------------------------------------------------
-
-
-class Known(Enum):
-    """What is known of one commit of a search's range."""
-
-    GREEN = "green"
-    RED = "red"
-    RUNNING = "running"  # a Request of it is accepted or processing
-    UNKNOWN = "unknown"  # never validated, passed over, or could not be validated
-
-
-@dataclass(frozen=True)
-class Step:
-    """What `bisect_step` decided: the new bounds, the state, the commits (indexes) to
-    start probes at now, and the culprit's index once found."""
-
-    lo: int
-    hi: int
-    state: SearchState
-    probes: tuple[int, ...] = ()
-    culprit: int | None = None
-
-
-def bisect_step(known: Sequence[Known], lo: int, hi: int, *, skipped: frozenset[int],
-                builds: int, max_builds: int, max_concurrent: int, fixed: bool) -> Step:
-    """One step of the search over ``known`` (index 0: the green end; ``hi`` starts at the
-    red commit). The invariant: ``known[lo]`` is green (or lo is the green end) and
-    ``known[hi]`` red, so a red commit whose first parent is green lies in lo+1..hi, and
-    narrowing to the *newest* known green first finds the break the red commit is red
-    for, even when an older break was fixed inside the range."""
-    greens = [i for i in range(lo + 1, hi) if known[i] is Known.GREEN]
-    if greens:
-        lo = max(greens)
-    reds = [i for i in range(lo + 1, hi) if known[i] is Known.RED]
-    if reds:
-        hi = min(reds)
-    if hi == lo + 1:
-        return Step(lo, hi, SearchState.FOUND, culprit=hi)
-    if fixed:
-        return Step(lo, hi, SearchState.FIXED)
-    inside = range(lo + 1, hi)
-    running = [i for i in inside if known[i] is Known.RUNNING]
-    candidates = [i for i in inside if known[i] is Known.UNKNOWN and i not in skipped]
-    if not candidates:
-        state = SearchState.BISECTING if running else SearchState.INCONCLUSIVE
-        return Step(lo, hi, state)
-    room = min(max_concurrent - len(running), max_builds - builds)
-    if room <= 0:
-        spent = builds >= max_builds and not running
-        return Step(lo, hi, SearchState.BUDGET_SPENT if spent else SearchState.BISECTING)
-    chosen: list[int] = []
-    for _ in range(room):
-        pick = _split_point(lo, hi, sorted(running + chosen),
-                            [c for c in candidates if c not in chosen])
-        if pick is None:
-            break
-        chosen.append(pick)
-    return Step(lo, hi, SearchState.BISECTING, tuple(chosen))
-
-
-def _split_point(lo: int, hi: int, taken: list[int], candidates: list[int]) -> int | None:
-    """The candidate nearest the middle of the widest stretch between ``lo``, the commits
-    already being validated and ``hi`` (the next probe halves what is least known)."""
-    edges = [lo, *taken, hi]
-    gaps = sorted(itertools.pairwise(edges), key=lambda g: g[1] - g[0], reverse=True)
-    for low, high in gaps:
-        inside = [c for c in candidates if low < c < high]
-        if inside:
-            middle = (low + high) / 2
-            return min(inside, key=lambda c: (abs(c - middle), c))
-    return None
-
-
-def fresh_probe_id(queue: str, commits: Sequence[str], requests: dict[str, Request],
-                   index: int) -> str:
-    """The id of a first validation of ``commits[index]``, a commit the queue never
-    validated: `…/<n>~<p>`, placed after the nearest commit before it that has a Request
-    (at worst the green end) — p first-parent commits after that commit's head — so it
-    sorts by its place in the history."""
-    for anchor in range(index - 1, -1, -1):
-        known = requests.get(commits[anchor])
-        if known is not None:
-            n, position, _ = request_order(commit_request_id(known.id))
-            return make_request_id(queue, n, 1, position + index - anchor)
-    raise ValueError(f"the green end of the range ({commits[0]}) has no Request")
-
-
-def what_is_known(request: Request | None) -> Known:
-    if request is None:
-        return Known.UNKNOWN
-    if request.state in (RequestState.ACCEPTED, RequestState.PROCESSING):
-        return Known.RUNNING
-    if request.verdict is Verdict.GREEN:
-        return Known.GREEN
-    if request.verdict is Verdict.RED:
-        return Known.RED
-    return Known.UNKNOWN
 
 
 # --- opening a search -------------------------------------------------------------------
@@ -201,6 +127,7 @@ async def open_search(deps: Deps, publish: Publisher, red: Request) -> CulpritSe
     if state is SearchState.BISECTING and len(uris) == 2:
         # the red commit's first parent is the green one: it is the culprit, no build spent
         state, culprit, detail = SearchState.FOUND, red.uri, "the red commit follows the green one"
+        # nothing lies between it and the head (it is the head): confirmed
     async with deps.db.queue_transaction(_search_lock(red.queue)) as tx:
         # the streak may have been searched meanwhile (a newer red, or a redelivery)
         fresh = await tx.queues.get(red.queue)
@@ -212,7 +139,8 @@ async def open_search(deps: Deps, publish: Publisher, red: Request) -> CulpritSe
             red.queue, red.id, red.uri, green_request_id=queue.last_green_request_id,
             green_uri=queue.last_green_uri, commits=uris, max_builds=spec.max_builds,
             state=state, detail=detail, culprit_uri=culprit,
-            culprit_request_id=red.id if culprit else None)
+            culprit_request_id=red.id if culprit else None,
+            confirmed=True if culprit else None)
     if opened:
         metrics.CULPRIT_SEARCHES.labels(queue=red.queue, state=search.state.value).inc()
         log.info("culprit_search_opened queue=%s red=%s commits=%d state=%s", red.queue,
@@ -262,19 +190,32 @@ async def advance_queue(deps: Deps, publish: Publisher, queue: str) -> CulpritSe
 
 
 async def advance_probe(deps: Deps, publish: Publisher, probe: Request) -> None:
-    """After backfill Request ``probe`` ended (with a fact or without one)."""
+    """After backfill Request ``probe`` ended (with a fact or without one). A search that
+    ended while the probe ran (the branch went green, or the culprit was named) keeps its
+    outcome; only its count of builds that ran takes the probe's in."""
     search = await deps.db.culprit_searches.of_probe(probe.queue, probe.id)
-    if search is not None and not search.state.ended:
+    if search is None:
+        return
+    if not search.state.ended:
         await advance(deps, publish, probe.queue, search.red_request_id)
+        return
+    async with deps.db.queue_transaction(_search_lock(probe.queue)) as tx:
+        search = await tx.culprit_searches.get(probe.queue, search.red_request_id)
+        probes = await tx.culprit_searches.probe_records(probe.queue, list(search.probes))
+        ran = sum(p.ran for p in probes.values())
+        if ran != search.builds:
+            await tx.culprit_searches.count_builds(search, ran)
 
 
 async def advance(deps: Deps, publish: Publisher, queue: str,
                   red_request_id: str) -> CulpritSearch:
-    """One step of the search: narrow, then start the next probes or end it."""
+    """One step of the search: narrow, confirm, then start the next probes or end it."""
     try:
-        spec = deps.queue_config(queue).backfill
+        config = deps.queue_config(queue)
+        spec, per_probe = config.backfill, 1 + config.retry.red
     except UnknownQueue:
-        spec = BackfillSpec()  # a queue no longer configured: ends below, spending nothing
+        # a queue no longer configured: ends below, spending nothing
+        spec, per_probe = BackfillSpec(), 1
     started: list[Request] = []
     async with deps.db.queue_transaction(_search_lock(queue)) as tx:
         search = await tx.culprit_searches.get(queue, red_request_id)
@@ -282,21 +223,20 @@ async def advance(deps: Deps, publish: Publisher, queue: str,
             return search
         commits = search.commits
         requests = await tx.requests.newest_for_commits(queue, list(commits))
-        probes = await tx.requests.get_many(queue, list(search.probes))
-        index_of = {uri: i for i, uri in enumerate(commits)}
-        skipped = set(search.skipped)
-        for probe in probes.values():
-            if probe.state.is_terminal and probe.verdict is None:
-                skipped.add(index_of[probe.uri])  # it could not be validated: pass it by
-        # builds spent, a probe still to build counting as one
-        builds = sum(p.attempt if p.state.is_terminal else max(p.attempt, 1)
-                     for p in probes.values())
+        probes = await tx.culprit_searches.probe_records(queue, list(search.probes))
+        tally = tally_probes(commits, probes.values(), spec, per_probe)
+        # indexes passed by because their id was taken by a commit off this history (a
+        # rewrite); an index skipped without a probe of it (rows of the release before
+        # skipped a commit whose one probe could not validate: the tally decides those)
+        rewritten = {i for i in search.skipped if commits[i] not in tally.probed}
         known = [what_is_known(requests.get(uri)) for uri in commits]
-        known[0] = Known.GREEN  # the green end, whatever validated it since
+        known[0], known[-1] = Known.GREEN, Known.RED  # the range's ends, whatever came since
         fixed = await _streak_ended(tx, search)
-        step = bisect_step(known, search.lo, search.hi, skipped=frozenset(skipped),
-                           builds=builds, max_builds=spec.max_builds if spec.enabled else 0,
-                           max_concurrent=spec.max_concurrent, fixed=fixed)
+        budget = Budget(spec.max_builds if spec.enabled else 0, per_probe=per_probe,
+                        ran=tally.ran, reserved=tally.reserved)
+        step = bisect_step(known, passed=frozenset(tally.passed | rewritten),
+                           waiting=frozenset(tally.waiting), in_flight=tally.in_flight,
+                           max_concurrent=spec.max_concurrent, budget=budget, fixed=fixed)
         new_probes = list(search.probes)
         for index in step.probes:
             uri = commits[index]
@@ -305,18 +245,26 @@ async def advance(deps: Deps, publish: Publisher, queue: str,
             if minted.minted_id is None:
                 if minted.newest_state is None:
                     # the id is taken by a commit off this history (a rewrite): pass it by
-                    skipped.add(index)
+                    rewritten.add(index)
                 continue  # otherwise it is being validated, or known, by now
             new_probes.append(minted.minted_id)
             started.append(await tx.requests.get(queue, minted.minted_id))
         culprit_uri = commits[step.culprit] if step.culprit is not None else None
         culprit_request = requests.get(culprit_uri) if culprit_uri else None
+        found = step.state is SearchState.FOUND
         search = await tx.culprit_searches.update(
-            search, lo=step.lo, hi=step.hi, skipped=skipped, probes=new_probes,
-            builds=builds, state=step.state, detail=_detail(step, spec, search, builds),
-            culprit_uri=culprit_uri,
-            culprit_request_id=culprit_request.id if culprit_request else None)
-        if search.state is SearchState.FOUND:
+            search, lo=step.lo, hi=step.hi, skipped=rewritten, probes=new_probes,
+            builds=tally.ran, state=step.state,
+            detail=_detail(step, spec, tally, per_probe), culprit_uri=culprit_uri,
+            culprit_request_id=culprit_request.id if culprit_request else None,
+            confirmed=step.confirmed if found else None,
+            unconfirmed_reason=_unconfirmed_words(step, spec) if found else None,
+            candidate_uri=(commits[step.candidate] if step.candidate is not None
+                           and not step.state.ended else None),
+            wake_in=tally.wake_in if step.state is SearchState.BISECTING else None)
+        if found and step.unconfirmed is not Unconfirmed.FIXED:
+            # a break named after the branch went green again is not alerted: the green
+            # alert went out already, and the streak is over
             await _announce(deps, tx, search)
     for request in started:
         # after the commit: a probe published is a probe written; one never published is
@@ -327,8 +275,9 @@ async def advance(deps: Deps, publish: Publisher, queue: str,
         metrics.BACKFILL_PROBES.labels(queue=queue).inc(len(started))
     if search.state.ended:
         metrics.CULPRIT_SEARCHES.labels(queue=queue, state=search.state.value).inc()
-        log.info("culprit_search_ended queue=%s red=%s state=%s culprit=%s builds=%d",
-                 queue, red_request_id, search.state, search.culprit_uri, search.builds)
+        log.info("culprit_search_ended queue=%s red=%s state=%s culprit=%s confirmed=%s "
+                 "builds=%d", queue, red_request_id, search.state, search.culprit_uri,
+                 search.confirmed, search.builds)
     return search
 
 
@@ -340,26 +289,59 @@ async def _streak_ended(tx: Stores, search: CulpritSearch) -> bool:
         search.red_request_id)
 
 
-def _detail(step: Step, spec: BackfillSpec, search: CulpritSearch, builds: int) -> str:
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _detail(step: Step, spec: BackfillSpec, tally: ProbeTally, per_probe: int) -> str:
+    """The search's progress or end, in words."""
     left = step.hi - step.lo
+    builds = _plural(tally.ran, "backfill build")
     if step.state is SearchState.FOUND:
-        return f"found after {builds} backfill build{'s' if builds != 1 else ''}"
+        if step.confirmed:
+            return (f"found after {builds}; confirmed: every commit from it to the head "
+                    f"is red")
+        return (f"a break, not confirmed as the head's: {_unconfirmed_words(step, spec)}; "
+                f"found after {builds}")
     if step.state is SearchState.FIXED:
         return (f"the branch went green again before the culprit was found; it is among "
-                f"{left} commit{'s' if left != 1 else ''}")
+                f"{_plural(left, 'commit')}")
     if step.state is SearchState.BUDGET_SPENT:
         why = ("backfill is off for this queue now" if not spec.enabled
-               else f"backfill.max_builds ({spec.max_builds}) spent")
-        return f"{why}; the culprit is among {left} commits"
+               else f"backfill.max_builds ({spec.max_builds}) spent: {builds} ran, and a "
+                    f"probe may run {_plural(per_probe, 'build')}")
+        return f"{why}; the culprit is among {_plural(left, 'commit')}"
     if step.state is SearchState.INCONCLUSIVE:
-        return (f"the commits left could not be validated; the culprit is among {left} "
-                f"commits")
-    return f"bisecting: the culprit is among {left} commits, {builds} builds spent"
+        return (f"the commits left could not be validated ({spec.unvalidated_probes} "
+                f"probes each); the culprit is among {_plural(left, 'commit')}")
+    waiting = (f"; {_plural(len(tally.waiting), 'commit')} whose probe could not validate "
+               f"wait to be probed again" if tally.waiting else "")
+    if step.candidate is not None:
+        return (f"confirming a break: {_plural(step.open_above, 'commit')} between it and "
+                f"the head to build, {builds} spent{waiting}")
+    return f"bisecting: the culprit is among {_plural(left, 'commit')}, {builds} spent{waiting}"
+
+
+def _unconfirmed_words(step: Step, spec: BackfillSpec) -> str | None:
+    """Why the break named is not confirmed as the head's (None: it is)."""
+    if step.confirmed or step.unconfirmed is None:
+        return None
+    between = f"{_plural(step.open_above, 'commit')} between it and the head"
+    if step.unconfirmed is Unconfirmed.FIXED:
+        why = f"the branch went green again with {between} not built"
+    elif step.unconfirmed is Unconfirmed.UNVALIDATED:
+        why = f"{between} could not be validated ({spec.unvalidated_probes} probes each)"
+    elif not spec.enabled:
+        why = f"backfill is off for this queue now, with {between} not built"
+    else:
+        why = f"backfill.max_builds ({spec.max_builds}) was spent with {between} not built"
+    return f"{why}, and a later fix and break could hide there"
 
 
 async def _announce(deps: Deps, tx: Stores, search: CulpritSearch) -> None:
     """The culprit's alert, in the transaction that named it: once, and only when the
-    search had to bisect (a culprit known at once is named in the red alert itself)."""
+    search had to bisect (a culprit known at once is named in the red alert itself). It
+    says whether the culprit is confirmed as the head's break."""
     try:
         channels = deps.queue_config(search.queue).alert_channels
     except UnknownQueue:
@@ -371,5 +353,7 @@ async def _announce(deps: Deps, tx: Stores, search: CulpritSearch) -> None:
         {"kind": "alert", "event": "culprit", "queue": search.queue,
          "request_id": search.culprit_request_id, "uri": search.culprit_uri,
          "red_request_id": search.red_request_id, "builds": search.builds,
-         "red_since": search.created_at.isoformat()},
+         "red_since": search.created_at.isoformat(),
+         "confirmed": search.culprit_confirmed,
+         "unconfirmed_reason": search.unconfirmed_why},
         channels=channels)

@@ -24,10 +24,12 @@ from dataclasses import dataclass, replace
 
 from contract import IngestRequest, ProcessRequest, TopicKey
 from store import RequestState
+from store.steps import Revalidation
 from streams.config.names import validate_queue_name
 from streams.extensions.sourcecontrol import SourceControl
 from streams.runtime import ACK, Outcome
 from streams.runtime.stage import Publisher
+from streams.stages import attempts
 from streams.stages.deps import Deps, StageContext
 from streams.stages.kit import dependency_wait, is_dependency_unavailable, seconds
 
@@ -93,13 +95,14 @@ async def _resolve_and_mint(deps: Deps, queue: str, source_control: SourceContro
         try:
             async with _renewed(deps, queue, holder):
                 uri = await source_control.head()
-            found = await deps.db.steps.find_or_mint(queue, uri, lease_holder=holder)
+            found = await deps.db.steps.find_or_mint(queue, uri, lease_holder=holder,
+                                                     revalidation=_revalidation(deps, queue))
         except BaseException:
             with contextlib.suppress(Exception):
                 await asyncio.shield(deps.db.ingest_leases.release(queue, holder))
             raise
-        if found is None:  # the lease ran out while git ran, and another took it
-            log.warning("ingest_lease_lost queue=%s: resolving again", queue)
+        if found is None:  # the lease ran out while git ran, or the id was taken meanwhile
+            log.warning("ingest_not_minted queue=%s: resolving again", queue)
             continue
         if found.state is RequestState.ACCEPTED:
             # a fresh publication (no loop token) takes over any gate loop of this Request;
@@ -108,6 +111,14 @@ async def _resolve_and_mint(deps: Deps, queue: str, source_control: SourceContro
                                                            queue_name=queue,
                                                            nonce=found.nonce))
         return Ingested(queue, found.request_id, new=found.minted)
+
+
+def _revalidation(deps: Deps, queue: str) -> Revalidation:
+    """The queue's bound on validating a head again by itself (design §4): its
+    ``retry.unvalidated`` more times per commit, spaced like its re-attempts."""
+    retry = deps.queue_config(queue).retry
+    return Revalidation(most=retry.unvalidated, spacing=seconds(retry.backoff),
+                        spacing_cap=attempts.BACKOFF_CAP)
 
 
 @contextlib.asynccontextmanager

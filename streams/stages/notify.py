@@ -183,7 +183,8 @@ def request_link(public_url: str | None, request_id: str | None) -> str | None:
 async def culprit_details(deps: Deps, row: Notification,
                           public_url: str | None) -> dict[str, Any] | None:
     """What a red alert or a culprit alert says about the culprit: ``culprit`` (sha,
-    subject, author, time, the Request and its link) when the search named it,
+    subject, author, time, the Request and its link, whether it is confirmed as the
+    break the head is red for and why not) when the search named it,
     ``bisecting`` (commits left, builds spent) while it looks, nothing otherwise. None
     asks to wait: a red alert of a queue that finds culprits, sent before its search was
     opened (the record that wrote it opens the search next), is held for a few
@@ -218,7 +219,9 @@ async def culprit_details(deps: Deps, row: Notification,
         "request_id": search.culprit_request_id,
         "link": request_link(public_url, search.culprit_request_id),
         "builds": search.builds, "found_at": ended.isoformat(),
-        "found_after_s": round((ended - search.created_at).total_seconds(), 1)}}
+        "found_after_s": round((ended - search.created_at).total_seconds(), 1),
+        "confirmed": search.culprit_confirmed,
+        "unconfirmed_reason": search.unconfirmed_why}}
 
 
 def notice_of(row: Notification, public_url: str | None,

@@ -8,8 +8,10 @@ The promotion ref's repository being unavailable delays the promotion (waited ou
 the queue's trigger deadline, then retried by the reconciler), never the fact.
 
 A backfilled commit (a culprit search's probe) moves the bookmark only forward to a
-commit that descends from the bookmarked one. After the fact, the verdict goes to the
-queue's culprit search (`streams.stages.culprits`).
+commit that descends from the bookmarked one; its fact never waits for git to answer
+that: while the repository is unavailable the fact is written, and the bookmark is
+considered again when the repository answers (the message waits, then its reconciler).
+After the fact, the verdict goes to the queue's culprit search (`streams.stages.culprits`).
 """
 
 from __future__ import annotations
@@ -80,8 +82,16 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
             unread = exc
     statuses, alerts = _channels(deps, request.queue)
     move, checked = True, None
+    unanswered: Exception | None = None  # the ancestry question git could not answer
     if request.kind is RequestKind.BACKFILL and degree == 0.0:
-        move, checked = await _descends_from_bookmark(ctx, request)
+        try:
+            move, checked = await _descends_from_bookmark(ctx, request)
+        except Exception as exc:
+            if not is_dependency_unavailable(exc):
+                raise
+            # the fact does not wait for git: it is written now, and the bookmark
+            # considered again when this message comes back
+            move, checked, unanswered = False, None, exc
     # the fact, the bookmark, the queue's greenness and what they notify: one statement
     recorded = await deps.db.steps.record_fact(
         request.queue, request.uri, request_id=request.id, degree=degree,
@@ -98,6 +108,10 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
         raise FactOfAnotherRequest(
             "validation_fact", {"queue": fact.queue, "uri": fact.uri},
             f"the commit's green fact belongs to {fact.request_id}, not {request.id}")
+    if unanswered is not None:
+        if ctx.waiting_for >= _trigger_deadline(deps, request.queue):
+            raise unanswered  # the reconciler keeps asking (record_dlq re-runs record)
+        return dependency_wait(ctx, unanswered, floor=1.0)
     if fact.is_green and recorded.holds_bookmark:
         try:
             if unread is not None:

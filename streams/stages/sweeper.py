@@ -15,7 +15,9 @@ from three indexed queries over live rows only (never a scan of history):
   lost, or dead-lettered while a reconciler could not finish it) — to record;
 
 and advances a culprit search that nothing moved for `culprits.STALLED_AFTER` seconds
-(its probe's `record` was lost, or a reconciler ended the probe).
+(its probe's `record` was lost, or a reconciler ended the probe), or that waits only for
+a commit whose probe could not validate to be due again (its ``wake_at``: an outage
+stalled it, and this resumes it).
 
 A loop waiting out a dependency's outage says when it will be back (its row is "seen"
 until then), so it is not taken for lost while it waits.
@@ -118,8 +120,9 @@ async def sweep(deps: Deps, publish: Publisher) -> SweepReport:
             report.records.append(request.id)
 
         # a culprit search nothing moved for a while: the record that would have advanced
-        # it was lost, or its probe was failed by a reconciler (advancing is idempotent)
-        for search in await deps.db.culprit_searches.bisecting_unchanged_for(
+        # it was lost, or its probe was failed by a reconciler; or one whose commit is due
+        # to be probed again after an outage (advancing is idempotent)
+        for search in await deps.db.culprit_searches.due_to_advance(
                 culprits.STALLED_AFTER, BATCH):
             after = await culprits.advance(deps, publish, search.queue, search.red_request_id)
             if (after.state, after.probes, after.lo, after.hi) != (

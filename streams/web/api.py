@@ -84,7 +84,7 @@ from streams.web.params import (
 )
 from streams.web.reads import Reads
 from streams.web.responses import describe, error_answer, error_response, json_answer
-from streams.web.webhooks import Webhooks
+from streams.web.webhooks import DEFAULT_LIMITS, WebhookLimits, Webhooks
 
 log = logging.getLogger("stovepipe.http")
 
@@ -99,11 +99,32 @@ DASHBOARD_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; "
                  "form-action 'none'; frame-ancestors 'none'")
 
 
+# What one request may make the server hold before a handler runs. aiohttp's parser
+# refuses a request line over MAX_LINE bytes, a header over MAX_FIELD (name and value
+# together) and more than MAX_HEADERS headers, so a request's head is at most about
+# MAX_LINE + MAX_HEADERS x MAX_FIELD (520 KiB): GitHub and GitLab send some 15 headers, a
+# browser or a proxy chain a few dozen. Of a body nobody reads yet aiohttp buffers at most
+# about 512 KiB (then it stops reading the socket); the handlers read bodies themselves,
+# with limits of their own (`streams.web.params`, `streams.web.webhooks`), and none uses
+# aiohttp's whole-body readers (``request.read()``, ``.json()``, ``.post()``), which
+# CLIENT_MAX_SIZE caps for any that would.
+MAX_LINE = 8190
+MAX_FIELD = 8190
+MAX_HEADERS = 64
+CLIENT_MAX_SIZE = 64 * 1024
+
+
 def faust_settings() -> dict[str, Any]:
-    """Settings for the Faust app that serves this API: JSON errors everywhere, and none
-    of Faust's table and router pages (Stovepipe has no tables)."""
+    """Settings for the Faust app that serves this API: JSON errors everywhere, the
+    request-size bounds above, and none of Faust's table and router pages (Stovepipe has
+    no tables)."""
     return {
-        "web_application_options": {"middlewares": [json_errors]},
+        "web_application_options": {
+            "middlewares": [json_errors],
+            "client_max_size": CLIENT_MAX_SIZE,
+            "handler_args": {"max_line_size": MAX_LINE, "max_field_size": MAX_FIELD,
+                             "max_headers": MAX_HEADERS},
+        },
         "web_router_enabled": False,
         "web_tables_enabled": False,
     }
@@ -140,7 +161,20 @@ async def json_errors(request: web.Request,
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - never a traceback in a response
+        if isinstance(exc, ApiError) and exc.close:
+            return await answer_and_close(request, error_response(exc))
         return error_response(exc)
+
+
+async def answer_and_close(request: web.Request, answer: web.Response) -> web.Response:
+    """Send ``answer`` and close the connection at once. aiohttp would otherwise go on
+    reading (and discarding) what is left of the body for up to its lingering time, 10 s,
+    so a slow sender would keep its connection that long after being answered."""
+    answer.force_close()  # says "Connection: close"
+    await answer.prepare(request)
+    await answer.write_eof()
+    request.protocol.force_close()  # the transport sends what was written, then closes
+    return answer
 
 
 def _is_api(path: str) -> bool:
@@ -155,11 +189,12 @@ class Api(Reads):
     in `Reads`; each returns a response or raises (see `error_response`)."""
 
     def __init__(self, runtime: RuntimeService[Deps], *, api_token: str | None,
-                 dead_letters: queries.DeadLetterDepths) -> None:
+                 dead_letters: queries.DeadLetterDepths,
+                 webhook_limits: WebhookLimits = DEFAULT_LIMITS) -> None:
         self.runtime = runtime
         self.api_token = api_token or None
         self.dead_letters = dead_letters
-        self.webhooks = Webhooks(self._delivery)
+        self.webhooks = Webhooks(self._delivery, webhook_limits)
         self._assets: dict[str, bytes] = {}
 
     def _delivery(self) -> Delivery[Deps]:
@@ -324,7 +359,8 @@ _ENDPOINTS = tuple(method.upper() + " " + _PATH_REGEX.sub(r"{\1}", path)
                    for method, path, _ in _ROUTES if path.startswith("/api"))
 
 
-def mount(app: faust.App, runtime: RuntimeService[Deps], *, api_token: str | None) -> Api:
+def mount(app: faust.App, runtime: RuntimeService[Deps], *, api_token: str | None,
+          webhook_limits: WebhookLimits = DEFAULT_LIMITS) -> Api:
     """Add the API, /health and the dashboard to ``app``'s web server. Call before the
     app starts, on an app built with `faust_settings()`."""
     config = runtime.config
@@ -332,7 +368,8 @@ def mount(app: faust.App, runtime: RuntimeService[Deps], *, api_token: str | Non
         bootstrap=config.bootstrap, group=config.app_id, ttl=DLQ_CACHE_SECONDS,
         topics={key: route.dlq_topic for key, route in config.routes.items()
                 if route.dlq_topic})
-    api = Api(runtime, api_token=api_token, dead_letters=dead_letters)
+    api = Api(runtime, api_token=api_token, dead_letters=dead_letters,
+              webhook_limits=webhook_limits)
     for method, path, name in _ROUTES:
         app.page(path, name=f"stovepipe.{name}.{method}.{path}")(
             _view(method, getattr(api, name)))

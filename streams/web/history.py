@@ -141,7 +141,7 @@ class CulpritView:
     red_request_id: str
     red_uri: str
     detail: str
-    builds: int  # backfill builds spent
+    builds: int  # backfill builds that ran (gave a verdict)
     suspects: int  # commits the culprit is still among
     culprit_uri: str | None
     culprit_request_id: str | None
@@ -150,6 +150,10 @@ class CulpritView:
     author: str | None
     committed_at: datetime | None
     build: BuildLink | None
+    # found: whether the culprit is the break the red head is red for (every commit from
+    # it to the head known red), and why not
+    confirmed: bool | None = None
+    unconfirmed_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -209,7 +213,9 @@ async def queue_history(deps: Deps, queue: str, limit: int,
             subject=commit.subject if commit else None,
             author=commit.author if commit else None,
             committed_at=commit.committed_at if commit else None,
-            build=link(culprit_build) if culprit_build else None)
+            build=link(culprit_build) if culprit_build else None,
+            confirmed=search.culprit_confirmed if search.culprit_uri else None,
+            unconfirmed_reason=search.unconfirmed_why)
     return QueueHistory(queue=queue, order="newest first", entries=entries,
                         greenness=greenness, culprit_search=view,
                         described=all(e.subject is not None for e in entries))

@@ -300,7 +300,9 @@ def _culprit_view(search: CulpritSearch, commits: dict[str, CommitRecord],
                        committed_at=commits[uri].committed_at if uri in commits else None,
                        request_id=search.culprit_request_id,
                        build=_build_view(build, link, now) if build else None,
-                       red_since=search.created_at, found_at=search.ended_at)
+                       red_since=search.created_at, found_at=search.ended_at,
+                       confirmed=search.culprit_confirmed,
+                       unconfirmed_reason=search.unconfirmed_why)
 
 
 def _sha(commits: dict[str, CommitRecord], uri: str) -> str | None:

@@ -75,7 +75,9 @@ class Entry:
 
 @dataclass(frozen=True)
 class CulpritView:
-    """"Red since C": the commit the current search named."""
+    """"Red since C": the commit the current search named. ``confirmed``: it is the break
+    the red head is red for (every commit from it to the head is known red); otherwise it
+    is a break, not confirmed as the head's, for ``unconfirmed_reason``."""
 
     uri: str
     sha: str | None
@@ -86,21 +88,26 @@ class CulpritView:
     build: BuildView | None
     red_since: datetime  # when the search was opened (the red verdict after the green)
     found_at: datetime | None
+    confirmed: bool = True
+    unconfirmed_reason: str | None = None
 
 
 @dataclass(frozen=True)
 class SearchView:
-    state: str  # bisecting, found, budget_spent, inconclusive, no_range
+    state: str  # bisecting, found, fixed, budget_spent, inconclusive, no_range
     words: str
     red_request_id: str
     red_uri: str
     green_uri: str | None
     commits: int  # commits of the range after its green end
     commits_left: int  # the culprit is among these (1 once found)
-    builds: int  # backfill builds spent
+    builds: int  # backfill builds that ran (gave a verdict)
     max_builds: int
     opened_at: datetime
     ended_at: datetime | None
+    confirmed: bool | None = None  # found: whether the culprit is confirmed as the head's
+    candidate_uri: str | None = None  # bisecting: a break found, being confirmed
+    waiting_until: datetime | None = None  # bisecting: a commit is probed again then
 
 
 @dataclass(frozen=True)
@@ -220,14 +227,28 @@ def _red_words(request: Request, search: CulpritSearch | None,
                name: Callable[[str], str]) -> str:
     if search is None:
         return ""
+    confirmed = search.culprit_confirmed
     if search.culprit_uri == request.uri:
-        return " — the culprit: the first red commit (its first parent is green)"
+        if confirmed:
+            return " — the culprit: its first parent is green and every commit after it is red"
+        return (f" — a break (its first parent is green), not confirmed as the head's: "
+                f"{search.unconfirmed_why}")
     if search.culprit_uri is not None and search.culprit_request_id is not None:
         if request.order > request_order(search.culprit_request_id):
-            return f" — broken since the culprit {name(search.culprit_uri)}"
-        return " — a break fixed before the culprit"
+            if confirmed:
+                return f" — broken since the culprit {name(search.culprit_uri)}"
+            return (f" — after {name(search.culprit_uri)}, a break not confirmed as the "
+                    f"head's")
+        return (" — a break fixed before the culprit" if confirmed
+                else f" — a break fixed before {name(search.culprit_uri)}")
     left = search.hi - search.lo
     if search.state is SearchState.BISECTING:
+        if search.candidate_uri == request.uri:
+            return (" — a break (its first parent is green); the commits between it and "
+                    "the head are being built to confirm it is the head's")
+        if search.candidate_uri is not None:
+            return (f" — finding the culprit: confirming the break "
+                    f"{name(search.candidate_uri)}")
         return f" — finding the culprit: it is among {_plural(left, 'commit')}"
     return f" — the culprit is not known: {search.detail}"
 
@@ -237,9 +258,20 @@ def unbuilt_words(search: CulpritSearch, index: int, name: Callable[[str], str])
     left = search.hi - search.lo
     if search.culprit_uri is not None:
         culprit = search.commits.index(search.culprit_uri)
+        if not search.culprit_confirmed:
+            if index > culprit:
+                return (f"never built: between the break {name(search.culprit_uri)} and "
+                        f"the head, so a later fix and break could hide here")
+            return f"never built: before the break {name(search.culprit_uri)}"
         if index > culprit:
             return f"never built: after the culprit {name(search.culprit_uri)}"
         return "never built: before the culprit"
+    if search.state is SearchState.BISECTING and search.candidate_uri is not None:
+        candidate = search.commits.index(search.candidate_uri)
+        if index > candidate:
+            return (f"not built yet: between the break {name(search.candidate_uri)} and the "
+                    f"head; built to confirm it is the head's")
+        return f"not built yet: before the break {name(search.candidate_uri)}"
     if search.lo < index <= search.hi:
         if search.state is SearchState.BISECTING:
             return (f"not built yet: the culprit may be this commit (it is among "
@@ -250,19 +282,30 @@ def unbuilt_words(search: CulpritSearch, index: int, name: Callable[[str], str])
 
 def search_view(search: CulpritSearch, name: Callable[[str], str]) -> SearchView:
     left = search.hi - search.lo
-    # a probe started is a build spent (the search counts it so on its next step)
-    builds = max(search.builds, len(search.probes))
+    builds = search.builds  # builds that ran: one that could not validate is not counted
     spent = f"{_plural(builds, 'backfill build')} spent (at most {search.max_builds})"
     if search.state is SearchState.FOUND:
         culprit = name(search.culprit_uri) if search.culprit_uri else "?"
-        if builds == 0:
+        if not search.culprit_confirmed:
+            words = (f"a break, not confirmed as the head's: {culprit}, found after "
+                     f"{_plural(builds, 'backfill build')} ({search.unconfirmed_why})")
+        elif builds == 0:
             words = (f"found {culprit}: its first parent is the last green commit, so no "
                      f"backfill build was needed")
         else:
-            words = f"found {culprit} after {_plural(builds, 'backfill build')}"
+            words = (f"found {culprit} after {_plural(builds, 'backfill build')}; "
+                     f"confirmed: every commit from it to the head is red")
     elif search.state is SearchState.BISECTING:
-        words = (f"bisecting: the culprit is among {_plural(left, 'commit')} after "
-                 f"{name(search.commits[search.lo])}; {spent}")
+        if search.candidate_uri is not None:
+            words = (f"confirming {name(search.candidate_uri)}, a break after "
+                     f"{name(search.commits[search.lo])}: the commits between it and the "
+                     f"head are being built; {spent}")
+        else:
+            words = (f"bisecting: the culprit is among {_plural(left, 'commit')} after "
+                     f"{name(search.commits[search.lo])}; {spent}")
+        if search.wake_at is not None:
+            words += (f"; a commit whose probe could not validate it is probed again at "
+                      f"{moment(search.wake_at)}")
     elif search.state is SearchState.FIXED:
         words = f"stopped: the branch went green again ({search.detail})"
     elif search.state in (SearchState.BUDGET_SPENT, SearchState.INCONCLUSIVE):
@@ -273,7 +316,13 @@ def search_view(search: CulpritSearch, name: Callable[[str], str]) -> SearchView
                       red_request_id=search.red_request_id, red_uri=search.red_uri,
                       green_uri=search.green_uri, commits=max(len(search.commits) - 1, 0),
                       commits_left=left, builds=builds, max_builds=search.max_builds,
-                      opened_at=search.created_at, ended_at=search.ended_at)
+                      opened_at=search.created_at, ended_at=search.ended_at,
+                      confirmed=search.culprit_confirmed
+                      if search.state is SearchState.FOUND else None,
+                      candidate_uri=search.candidate_uri
+                      if search.state is SearchState.BISECTING else None,
+                      waiting_until=search.wake_at
+                      if search.state is SearchState.BISECTING else None)
 
 
 def summary(queue: str, *, head: Entry | None, bookmark: Entry | None,
@@ -294,7 +343,12 @@ def summary(queue: str, *, head: Entry | None, bookmark: Entry | None,
         if search is not None:
             how = (f", found after {_plural(search.builds, 'backfill build')}"
                    if search.builds else ", the commit after the last green one")
-        sentences.append(f"{queue} is red since {_culprit_name(culprit)}{by}{how}.")
+        if culprit.confirmed:
+            sentences.append(f"{queue} is red since {_culprit_name(culprit)}{by}{how}.")
+        else:
+            sentences.append(f"{queue} is red; a break, not confirmed as the head's: "
+                             f"{_culprit_name(culprit)}{by}{how} "
+                             f"({culprit.unconfirmed_reason}).")
     elif search is not None:
         sentences.append(f"{queue} is red; {search.words}.")
     elif head.verdict == "red":

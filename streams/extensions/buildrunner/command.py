@@ -448,7 +448,18 @@ class CommandBuildRunner:
         if row.status is BuildStatus.FAILED and row.reason in UNVALIDATED_REASONS:
             # the build did not run to its end on a live host: no verdict on the commit
             unvalidated = f"{UNVALIDATED_REASONS[row.reason]}: {row.detail or row.reason}"
-        return BuildReport(row.status, metadata, unvalidated)
+        return BuildReport(row.status, metadata, unvalidated,
+                           # its checkout failed: building it again fails the same way
+                           permanent=bool(unvalidated) and row.reason == "not_run",
+                           waiting=_waiting(row), started_at=row.started_at
+                           if row.status is not BuildStatus.ACCEPTED else None)
+
+
+def _waiting(row: CommandBuild) -> str:
+    """What a command build that has not started waits for: a free slot on its host."""
+    if row.status is BuildStatus.ACCEPTED:
+        return f"waiting for a free slot on its host {row.host} (max_parallel)"
+    return ""
 
 
 def _same_head(row: CommandBuild, trigger_key: str, head_sha: str) -> CommandBuild:

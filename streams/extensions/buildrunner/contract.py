@@ -8,6 +8,13 @@ retryable error may say how long to wait first (`retry_after`, seconds: a provid
 A `failed` report is a red verdict unless the runner says the build could not validate
 the commit (`BuildReport.unvalidated`): only a build that ran gives a verdict.
 
+A hang is measured from the build's start, never from its trigger (design §5,
+buildsignal): a runner reports when the build started running (`BuildReport.started_at`,
+the provider's own time when it has one), and, for a build that is not terminal and not
+running now, what it waits for (`BuildReport.waiting`: an agent, a person at a block
+step, an approval, its own cancel). A build that waits at its deadline says nothing about
+the commit.
+
 A runner whose builds run on the worker's own host may also have ``async def tend()``: the
 worker calls it every few seconds (`streams.stages.pipeline.tend_build_runners`) to
 watch, launch and heartbeat those builds (the command runner does). A hosted runner may
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from store.entities import BuildStatus
@@ -44,6 +52,30 @@ class BuildReport:
     # for a `failed` build: why it could not validate the commit (its host was lost, it
     # never ran) in words; empty when the build ran and failed: a red verdict (design §4)
     unvalidated: str = ""
+    # for an `unvalidated` build: its cause will not go away by building again (a workflow
+    # that cannot start, a checkout that fails): only a person's retry validates the
+    # commit again (design §4)
+    permanent: bool = False
+    # for a build not yet terminal that is not running now: what it waits for, in words
+    # ("queued for an agent", "blocked at a block step, waiting for a person", "waiting
+    # for an environment approval", "canceling"); empty while it runs
+    waiting: str = ""
+    # when the build started running, as the provider tells it (None: not started, or the
+    # provider does not say: then the first poll that sees it running is its start)
+    started_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.waiting and self.status.is_terminal:
+            raise ValueError(f"a {self.status} build waits for nothing")
+        if self.permanent and not self.unvalidated:
+            raise ValueError("only a build that could not validate has a permanent cause")
+        if self.started_at is not None and self.started_at.tzinfo is None:
+            raise ValueError("started_at must carry its time zone")
+
+    @property
+    def running_now(self) -> bool:
+        """Started, and running rather than waiting for something."""
+        return self.status is BuildStatus.RUNNING and not self.waiting
 
 
 class BuildRunner(Protocol):

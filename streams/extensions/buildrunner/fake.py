@@ -60,6 +60,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -260,8 +261,13 @@ class FakeBuildRunner:
             if (cancelled_at is not None and cancelled_at - build.triggered_at
                     < behaviour.finishes_after(released)):
                 status = BuildStatus.CANCELLED  # stopped before its behaviour finished it
+        started = build.triggered_at + behaviour.queued
         return BuildReport(status, {"runner": "fake", "head_uri": build.head_uri,
-                                    "base_uri": build.base_uri or ""})
+                                    "base_uri": build.base_uri or ""},
+                           waiting="queued for an agent"
+                           if status is BuildStatus.ACCEPTED else "",
+                           started_at=datetime.fromtimestamp(started, UTC)
+                           if status is not BuildStatus.ACCEPTED and now >= started else None)
 
     async def cancel(self, build_id: str) -> None:
         await self._wait("cancel")

@@ -31,26 +31,8 @@ dispatch answered ``204`` whose run does not show up within ``run_search`` is a 
 error; the retry finds the run if it has appeared meanwhile, and dispatches again only if
 it has not.
 
-A run's ``status`` and ``conclusion``, mapped to ours. Green only from ``success``:
-
-| ``status``                              | ``conclusion``                      | status    |
-|-----------------------------------------|-------------------------------------|-----------|
-| ``requested``, ``queued``, ``pending``  |                                     | accepted  |
-| ``in_progress``, ``waiting`` (1)        |                                     | running   |
-| ``completed``                           | ``success``                         | succeeded |
-| ``completed``                           | ``failure``, ``timed_out``,         | failed    |
-|                                         | ``startup_failure``                 |           |
-| ``completed``                           | ``cancelled``                       | cancelled |
-| ``completed``                           | ``skipped``, ``stale``, ``neutral``,| cancelled |
-|                                         | ``action_required`` (2)             |           |
-| ``completed``                           | none yet (the conclusion follows)   | running   |
-| ``completed``                           | anything else (3)                   | failed    |
-| anything else (4)                       |                                     | running   |
-
-(1) ``waiting``: for a deployment protection rule. (2) did not validate the commit: no
-fact. ``startup_failure`` (no job ran) is failed without a verdict: the attempt could not
-validate the commit and is tried again (design §4). (3) over, and not known to have
-succeeded. (4) an unknown status is never green; the poll deadline ends it.
+How a run's answers map to our statuses, what a run waits for, and how a completed run
+ended (its jobs and their annotations, read once): `github_runs`.
 """
 
 from __future__ import annotations
@@ -67,9 +49,13 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BeforeValidator, Field, model_validator
 from pydantic.dataclasses import dataclass as spec_dataclass
 
-from store.entities import BuildStatus
 from streams.extensions import ExtensionContext
 from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
+from streams.extensions.buildrunner.github_runs import (
+    WAITING,
+    RunEndings,
+    status_of,
+)
 from streams.extensions.buildrunner.hosted import (
     DEFAULT_RATE_LIMIT_WAIT,
     DEFAULT_REQUEST_TIMEOUT,
@@ -110,35 +96,6 @@ _REPOSITORY = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 _WORKFLOW = re.compile(r"[A-Za-z0-9_.-]+\.ya?ml|[1-9][0-9]*")
 _INPUT = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _BUILD_ID = re.compile(r"gha-([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)/([1-9][0-9]{0,18})")
-
-STATUSES: Mapping[str, BuildStatus] = {
-    "requested": BuildStatus.ACCEPTED,
-    "queued": BuildStatus.ACCEPTED,
-    "pending": BuildStatus.ACCEPTED,
-    "in_progress": BuildStatus.RUNNING,
-    "waiting": BuildStatus.RUNNING,
-}
-CONCLUSIONS: Mapping[str, BuildStatus] = {
-    "success": BuildStatus.SUCCEEDED,
-    "failure": BuildStatus.FAILED,
-    "timed_out": BuildStatus.FAILED,
-    "startup_failure": BuildStatus.FAILED,
-    "cancelled": BuildStatus.CANCELLED,
-    "skipped": BuildStatus.CANCELLED,
-    "stale": BuildStatus.CANCELLED,
-    "neutral": BuildStatus.CANCELLED,
-    "action_required": BuildStatus.CANCELLED,
-}
-
-
-def status_of(status: str, conclusion: str | None) -> BuildStatus:
-    """Our status for a run's ``status`` and ``conclusion`` (the table in the module
-    docstring)."""
-    if status != "completed":
-        return STATUSES.get(status, BuildStatus.RUNNING)
-    if not conclusion:
-        return BuildStatus.RUNNING
-    return CONCLUSIONS.get(conclusion, BuildStatus.FAILED)
 
 
 SECONDARY_RATE_LIMIT_WAIT = 60.0  # GitHub: "wait for at least one minute before retrying"
@@ -304,6 +261,7 @@ class GitHubActionsBuildRunner:
                              rate_limit_wait=_rate_limit_wait, environ=environ,
                              requests_per_minute=requests_per_minute,
                              budget_name=GITHUB_BUDGET, content_per_hour=content_per_hour)
+        self._runs = RunEndings(self.api)
 
     def __repr__(self) -> str:
         return (f"GitHubActionsBuildRunner({self.repository!r}, {self.workflow!r}, "
@@ -365,12 +323,12 @@ class GitHubActionsBuildRunner:
         if not isinstance(status, str):
             raise BuildRunnerError(f"{PROVIDER}: run {build_id} answered without a status")
         conclusion = conclusion if isinstance(conclusion, str) else None
-        # a run that failed to start ran no job: no verdict on the commit (design §4)
-        unvalidated = ("the workflow run failed to start (startup_failure)"
-                       if status == "completed" and conclusion == "startup_failure" else "")
-        return BuildReport(status_of(status, conclusion), {
-            "runner": PROVIDER, "status": status, "conclusion": conclusion or "",
-            "html_url": str(run.get("html_url") or "")}, unvalidated)
+        metadata = {"runner": PROVIDER, "status": status, "conclusion": conclusion or "",
+                    "html_url": str(run.get("html_url") or "")}
+        ours = status_of(status, conclusion)
+        if not ours.is_terminal:
+            return BuildReport(ours, metadata, waiting=WAITING.get(status, ""))
+        return (await self._runs.ending_of(repository, run_id, run)).report(metadata)
 
     def build_url(self, build_id: str) -> str | None:
         """The run's page: on github.com for its API, on the server itself for a GitHub
@@ -478,6 +436,8 @@ def parse_build_id(build_id: str) -> tuple[str, int]:
         raise BuildRunnerError(f"not a github_actions build id: {build_id!r} (want "
                                f"{BUILD_ID_PREFIX}<owner>/<repo>/<run id>)")
     return match.group(1), int(match.group(2))
+
+
 
 
 def _is_run_id(value: Any) -> bool:

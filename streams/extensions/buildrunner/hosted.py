@@ -35,8 +35,10 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -44,6 +46,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from pydantic import BeforeValidator
 
+from store.entities import BuildStatus
 from streams.extensions.budget import (
     Budget,
     BudgetWait,
@@ -53,7 +56,7 @@ from streams.extensions.budget import (
     pause,
     take_turns,
 )
-from streams.extensions.buildrunner.contract import BuildRunnerError
+from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
 from streams.extensions.sourcecontrol.contract import CommitNotFound
 from streams.extensions.sourcecontrol.gituri import GitCommit, check_branch_name, parse_uri
 from streams.schema.fields import is_env_name
@@ -173,6 +176,83 @@ def build_environment(commits: Commits, metadata: Mapping[str, str], base_uri: s
         "STOVEPIPE_REQUEST_ID": metadata.get("request_id", ""),
         "STOVEPIPE_STRATEGY": metadata.get("strategy", ""),
     }
+
+
+# --- what a provider says of a build -------------------------------------------------
+
+
+def provider_time(value: object) -> datetime | None:
+    """A provider's ISO 8601 timestamp (``2015-05-09T21:05:59.874Z``) as an aware datetime;
+    None when absent or not a time (a time without a zone is taken as UTC)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a build its provider reports over ended, in Stovepipe's terms, as a runner
+    tells it from what the provider answers (its jobs, their annotations)."""
+
+    status: BuildStatus
+    unvalidated: str = ""  # could not validate the commit: why, in words
+    permanent: bool = False  # ... and building it again would end the same way
+    waiting: str = ""  # not over after all: what it waits for
+    detail: str = ""  # a red (or cancelled) one: what failed
+
+    def report(self, metadata: Mapping[str, str],
+               started_at: datetime | None = None) -> BuildReport:
+        """The `BuildReport` of this ending (``detail`` joins the metadata)."""
+        return BuildReport(self.status, {**metadata, **({"detail": self.detail}
+                                                       if self.detail else {})},
+                           self.unvalidated, permanent=self.permanent,
+                           waiting=self.waiting, started_at=started_at)
+
+
+def job_label(job: Mapping[str, Any], *fields: str) -> str:
+    """A job's name for a reason in words: the first of ``fields`` it has, quoted and
+    bounded."""
+    name = next((job[f] for f in fields if job.get(f)), "?")
+    return repr(" ".join(str(name).split())[:80])
+
+
+def listed(what: str, items: list[str], most: int = 5) -> str:
+    """``what`` (made plural for more than one) and the first ``most`` of ``items``."""
+    shown = "; ".join(items[:most])
+    more = f"; and {len(items) - most} more" if len(items) > most else ""
+    return f"{what}{'s' if len(items) > 1 else ''} {shown}{more}"
+
+
+ENDINGS_KEPT = 1000  # builds whose ending a runner remembers (`Endings`)
+
+
+class Endings:
+    """What a runner found out, with extra calls, about how a build ended (its jobs, their
+    annotations), remembered per build for as long as the build answers the same: a
+    build polled again (a redelivery, a duplicate loop, a status stored meanwhile) costs
+    no second look. Bounded: the oldest are forgotten first."""
+
+    def __init__(self, kept: int = ENDINGS_KEPT) -> None:
+        self._kept = kept
+        self._found: OrderedDict[Hashable, tuple[Hashable, Any]] = OrderedDict()
+
+    def get(self, build: Hashable, answer: Hashable) -> Any | None:
+        """What was found of ``build`` while it answered ``answer`` (None: nothing)."""
+        found = self._found.get(build)
+        if found is None or found[0] != answer:
+            return None
+        self._found.move_to_end(build)
+        return found[1]
+
+    def put(self, build: Hashable, answer: Hashable, ending: Any) -> None:
+        self._found[build] = (answer, ending)
+        self._found.move_to_end(build)
+        while len(self._found) > self._kept:
+            self._found.popitem(last=False)
 
 
 # --- the HTTP client --------------------------------------------------------------------

@@ -53,10 +53,13 @@ class Notice:
     Request in Stovepipe's API), None without a public URL. ``at`` is when the cause was
     recorded (ISO 8601). ``details`` carries what a kind adds: ``description`` for a
     status; ``latest_request_id`` and ``behind_since`` for a stale alert; for a red alert
-    ``culprit`` (sha, subject, author, committed_at, request_id, link, builds, found_at)
-    when the commit that broke the branch is known, ``bisecting`` (commits left, builds)
-    while it is being looked for; a ``culprit`` alert (the culprit found after the red
-    alert) carries ``culprit`` and ``red_since``."""
+    ``culprit`` (sha, subject, author, committed_at, request_id, link, builds, found_at,
+    ``confirmed`` and ``unconfirmed_reason``) when the commit that broke the branch is
+    known, ``bisecting`` (commits left, builds) while it is being looked for; a
+    ``culprit`` alert (the culprit found after the red alert) carries ``culprit`` and
+    ``red_since``. A culprit with ``confirmed`` false is a break that is not confirmed as
+    the one the head is red for, and must be worded so ("a break, not confirmed as the
+    head's")."""
 
     kind: Literal["status", "alert"]
     event: str

@@ -47,16 +47,24 @@ def alert_text(notice: Notice) -> str:
     culprit = notice.details.get("culprit")
     if notice.event == "culprit":
         since = notice.details.get("red_since") or "?"
+        if not culprit:
+            return f":mag: Stovepipe: {notice.queue}: culprit found.{link}"
+        builds = f"found after {culprit.get('builds', 0)} backfill builds"
+        if not is_confirmed(culprit):
+            return (f":mag: Stovepipe: {notice.queue} has been red since {since}; a break, "
+                    f"not confirmed as the head's: {culprit_words(culprit)} ({builds}; "
+                    f"{culprit.get('unconfirmed_reason') or 'not confirmed'}).{link}")
         return (f":mag: Stovepipe: {notice.queue} has been red since {since}; the culprit "
-                f"is {culprit_words(culprit)} (found after {culprit.get('builds', 0)} "
-                f"backfill builds).{link}" if culprit else
-                f":mag: Stovepipe: {notice.queue}: culprit found.{link}")
+                f"is {culprit_words(culprit)} ({builds}).{link}")
     icon = ":red_circle:" if notice.event == "red" else ":large_green_circle:"
     was = f"was {notice.previous}" if notice.previous else "first result"
     flake = (f" Flaky: green on attempt {notice.details.get('attempts')} after a red build "
              f"of the same commit." if notice.details.get("flaky") else "")
     why = ""
-    if notice.event == "red" and culprit:
+    if notice.event == "red" and culprit and not is_confirmed(culprit):
+        why = (f" A break, not confirmed as the head's: {culprit_words(culprit)} "
+               f"({culprit.get('unconfirmed_reason') or 'not confirmed'}).")
+    elif notice.event == "red" and culprit:
         why = f" Culprit: {culprit_words(culprit)}."
     elif notice.event == "red" and notice.details.get("bisecting"):
         left = notice.details["bisecting"].get("commits")
@@ -64,6 +72,12 @@ def alert_text(notice: Notice) -> str:
                f"when it is found.")
     return (f"{icon} Stovepipe: {notice.queue} is {notice.event.upper()} at {commit} "
             f"({notice.request_id}; {was}).{why}{flake}{link}")
+
+
+def is_confirmed(culprit: Mapping[str, Any]) -> bool:
+    """The culprit is the break the red head is red for (a notice written before
+    confirmation was recorded says nothing: it named the culprit as such)."""
+    return culprit.get("confirmed", True) is not False
 
 
 def culprit_words(culprit: Mapping[str, Any]) -> str:

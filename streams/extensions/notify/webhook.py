@@ -2,13 +2,16 @@
 
 The body::
 
-    {"event": "red" | "green" | "stale", "queue": ..., "uri": ..., "sha": ...,
+    {"event": "red" | "green" | "stale" | "culprit", "queue": ..., "uri": ..., "sha": ...,
      "request_id": ..., "previous": "green" | "red" | null, "at": ISO 8601,
      "link": ... | null, ...details}
 
 For ``red`` and ``green`` the commit is the newest validated head that changed the
 queue's greenness; for ``stale`` it is the bookmarked last green commit (null when the
-queue was never green), and the details add ``latest_request_id`` and ``behind_since``.
+queue was never green), and the details add ``latest_request_id`` and ``behind_since``;
+for ``culprit`` it is the break a culprit search named, and ``culprit.confirmed`` says
+whether it is confirmed as the break the red head is red for (``unconfirmed_reason``:
+why not).
 Any 2xx is delivered; 408, 429 and 5xx are retried, other answers given up.
 """
 

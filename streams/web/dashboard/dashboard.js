@@ -300,12 +300,22 @@ function renderCulprit(queue, history) {
   const found = history && history.culprit_search;
   const culprit = queue.culprit || (found && found.state === "found" ? {
     uri: found.culprit_uri, sha: found.sha, subject: found.subject, author: found.author,
-    build: found.build } : null);
+    build: found.build, confirmed: found.confirmed !== false,
+    unconfirmed_reason: found.unconfirmed_reason } : null);
   const red = (history && history.greenness === "red") || Boolean(queue.culprit || search);
   if (!red) return null;
   const builds = search ? search.builds : found ? found.builds : null;
+  if (culprit && culprit.confirmed === false) {
+    // a break the search found, not confirmed as the one the head is red for
+    return el("div", { class: "culprit unconfirmed", "data-culprit": culprit.uri, "data-confirmed": "false" },
+      outcomeBadge("red", "red"), " a break, not confirmed as the head's: ",
+      commitLine(culprit.sha || culprit.uri, culprit.subject, culprit.author),
+      el("span", { class: "muted" }, " — " + (culprit.unconfirmed_reason || "not confirmed")
+        + (builds === null ? "" : " (" + plural(builds, "backfill build") + ")")),
+      culprit.build && culprit.build.url ? [" · ", buildLink(culprit.build)] : null);
+  }
   if (culprit) {
-    return el("div", { class: "culprit", "data-culprit": culprit.uri },
+    return el("div", { class: "culprit", "data-culprit": culprit.uri, "data-confirmed": "true" },
       outcomeBadge("red", "red since"), " ", commitLine(culprit.sha || culprit.uri, culprit.subject, culprit.author),
       el("span", { class: "muted", title: culprit.found_at || null }, " — the culprit"
         + (culprit.found_at ? ", found " + ago(culprit.found_at) : "")
@@ -330,9 +340,17 @@ function renderCulprit(queue, history) {
     found && found.detail ? el("span", { class: "muted" }, " — " + found.detail) : null);
 }
 
-function cellLabel(entry) {
+// What the commit a culprit search named is called: "culprit" when it is confirmed as the
+// break the head is red for, else "a break, not confirmed as the head's".
+function culpritTag(confirmed) {
+  return confirmed === false ? "a break (not confirmed)" : "culprit";
+}
+
+function cellLabel(entry, confirmed) {
   return [shortSha(entry.sha), outcomeWord(entry), entry.subject || "", entry.author ? "by " + authorName(entry.author) : "",
-    KINDS[entry.kind] || entry.kind, entry.culprit ? "the culprit" : "", entry.bookmark ? "last green (bookmark)" : ""]
+    KINDS[entry.kind] || entry.kind,
+    entry.culprit ? (confirmed === false ? "a break, not confirmed as the head's" : "the culprit") : "",
+    entry.bookmark ? "last green (bookmark)" : ""]
     .filter(Boolean).join(", ");
 }
 
@@ -347,6 +365,7 @@ function renderHistory(queueName, result) {
     return box;
   }
   const entries = result.body.entries || [];
+  const confirmed = result.body.culprit_search ? result.body.culprit_search.confirmed : null;
   if (entries.length === 0) {
     box.append(heading, el("p", { class: "empty muted" }, "Nothing built yet."));
     return box;
@@ -362,12 +381,12 @@ function renderHistory(queueName, result) {
     if (entry.bookmark) classes.push("is-bookmark");
     return el("li", {
       class: classes.join(" "), role: "option", tabindex: selected ? "0" : "-1",
-      "aria-selected": selected ? "true" : "false", "aria-label": cellLabel(entry),
-      title: cellLabel(entry), "data-history": entry.request_id, "data-outcome": entry.outcome,
+      "aria-selected": selected ? "true" : "false", "aria-label": cellLabel(entry, confirmed),
+      title: cellLabel(entry, confirmed), "data-history": entry.request_id, "data-outcome": entry.outcome,
     },
     el("span", { class: "cell-mark", "aria-hidden": "true" }, (OUTCOMES[entry.outcome] || {}).symbol || "·"),
     el("span", { class: "cell-sha", "aria-hidden": "true" }, shortSha(entry.sha)),
-    entry.culprit ? el("span", { class: "cell-tag", "aria-hidden": "true" }, "culprit") : null,
+    entry.culprit ? el("span", { class: "cell-tag", "aria-hidden": "true" }, confirmed === false ? "a break" : "culprit") : null,
     entry.bookmark && !entry.culprit ? el("span", { class: "cell-tag", "aria-hidden": "true" }, "bookmark") : null);
   });
   const strip = el("ol", { class: "strip-cells", role: "listbox", "aria-labelledby": "history-" + queueName,
@@ -389,8 +408,9 @@ function renderHistory(queueName, result) {
     const next = all[Math.max(0, Math.min(all.length - 1, to))];
     next.focus();
   });
-  box.append(heading, strip, el("div", { class: "cell-detail", "aria-live": "polite" }, cellDetail(chosen)));
+  box.append(heading, strip, el("div", { class: "cell-detail", "aria-live": "polite" }, cellDetail(chosen, confirmed)));
   box.entries = entries;
+  box.culpritConfirmed = confirmed;
   return box;
 }
 
@@ -405,16 +425,16 @@ function pick(queueName, cell) {
     other.setAttribute("aria-selected", selected ? "true" : "false");
     other.tabIndex = selected ? 0 : -1;
   }
-  box.querySelector(".cell-detail").replaceChildren(cellDetail(entry));
+  box.querySelector(".cell-detail").replaceChildren(cellDetail(entry, box.culpritConfirmed));
 }
 
-function cellDetail(entry) {
+function cellDetail(entry, confirmed) {
   const signal = entry.time_to_signal_s !== null && entry.time_to_signal_s !== undefined
     ? "signal after " + duration(entry.time_to_signal_s) : null;
   return el("div", { "data-detail": entry.request_id },
     el("div", { class: "detail-title" }, outcomeBadge(entry.outcome, outcomeWord(entry)), " ",
       commitLine(entry.sha, entry.subject, entry.author),
-      entry.culprit ? el("span", { class: "tag culprit-tag" }, "culprit") : null,
+      entry.culprit ? el("span", { class: "tag culprit-tag" }, culpritTag(confirmed)) : null,
       entry.bookmark ? el("span", { class: "tag" }, "last green") : null),
     el("div", { class: "detail-meta muted" },
       el("a", { href: requestLink(entry.request_id) }, entry.request_id), " · ",
@@ -443,13 +463,14 @@ function renderStory(result) {
     return box;
   }
   const explain = result.body;
+  const confirmed = explain.culprit ? explain.culprit.confirmed : null;
   if (explain.summary) box.append(el("p", { class: "story-summary" }, explain.summary));
   const items = (explain.story || []).map((step) => {
     const build = step.build;
     return el("li", { "data-story": step.request_id || step.uri },
       outcomeBadge(outcomeOfState(step.state, step.verdict)), " ",
       commitLine(step.sha || step.uri, step.subject, step.author),
-      step.culprit ? el("span", { class: "tag culprit-tag" }, "culprit") : null,
+      step.culprit ? el("span", { class: "tag culprit-tag" }, culpritTag(confirmed)) : null,
       step.bookmark ? el("span", { class: "tag" }, "last green") : null,
       el("div", { class: "story-words" }, step.words || "",
         build && build.url ? [" · ", buildLink(build)] : null));
