@@ -44,7 +44,7 @@ TOKEN_ENV = "STOVEPIPE_BENCH_BUILDKITE_TOKEN"
 
 
 async def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
-    budget_mod._BUDGETS.clear()
+    budget_mod.forget_all()
     snapshots._SNAPSHOTS.clear()
     names = [f"p{n}" for n in range(args.pipelines)]
     fake = FakeBuildkite(TOKEN, pipeline=names[0], more_pipelines=tuple(names[1:]),

@@ -27,6 +27,7 @@ from store._base import ConnectionSource
 from store.builds import BuildStore
 from store.command_builds import CommandBuildStore
 from store.counters import CounterStore
+from store.credential_pauses import CredentialPauseStore
 from store.culprits import CommitInfoStore, CulpritSearchStore
 from store.facts import FactStore
 from store.ingest_leases import IngestLeaseStore
@@ -61,6 +62,7 @@ class Stores:
         self.notifications = NotificationStore(source)
         self.ingest_leases = IngestLeaseStore(source)
         self.worker_hosts = WorkerHostStore(source)
+        self.credential_pauses = CredentialPauseStore(source)
         self.culprit_searches = CulpritSearchStore(source)
         self.commit_infos = CommitInfoStore(source)
         self.pins = PinStore(source)

@@ -93,6 +93,15 @@ RETURNING n.id, n.queue, n.key, n.channel, n.stream, n.event, n.attempts, n.crea
           n.outcome, n.last_error
 """)
 
+_POSTPONE = _sql("""
+UPDATE notification n
+   SET due_at = now() + p.delay * interval '1 second', attempts = n.attempts - 1
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::float8[])
+       AS p(id, attempts, delay)
+ WHERE n.id = p.id AND n.attempts = p.attempts AND n.attempts > 0 AND n.done_at IS NULL
+RETURNING n.id
+""")
+
 # Judged per configured queue. The bookmark is behind the branch from when both a newer
 # head (the Request right after the bookmarked one: ids are consecutive per queue) and
 # the bookmark's fact existed; stale once that is longer ago than the threshold. Going
@@ -212,6 +221,16 @@ class NotificationStore(Store):
             {"queue": notification.queue, "key": notification.key, "delay": delay,
              "error": error[:ERROR_LIMIT], "attempts": notification.attempts},
             key={"queue": notification.queue, "key": notification.key})
+
+    async def postpone(self, rows: Sequence[tuple[Notification, float]]) -> None:
+        """Hand claimed rows back, each due again after its delay (seconds), as if never
+        claimed: the claim's attempt is not counted — unless another sender claimed the
+        row since (its lease ran out). One statement."""
+        if not rows:
+            return
+        await self._fetch_all(_POSTPONE, {
+            "ids": [row.id for row, _ in rows], "attempts": [row.attempts for row, _ in rows],
+            "delays": [delay for _, delay in rows]}, key={})
 
     async def give_up(self, notification: Notification, error: str) -> None:
         await self._fetch_all(

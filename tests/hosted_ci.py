@@ -7,7 +7,9 @@
 - `FakeGitHub`: GitHub Actions — workflow dispatch (``return_run_details``, declared inputs,
   ``run-name`` rendered into ``display_title``), list a workflow's runs (``event``,
   ``branch``, ``created=>=…``, pages), get a run, cancel (``409`` once completed), list
-  the jobs of a run's attempt, list a check run's annotations.
+  the jobs of a run's attempt, list a check run's annotations — and commit statuses
+  (``POST …/statuses/{sha}``, ``201``), so a runner and a notifier can share one token
+  on one API.
 
 Both check the bearer token (``401`` otherwise), record every request, and can be told to
 answer the next matching requests with any status and headers (429 with ``Retry-After``,
@@ -669,6 +671,14 @@ class FakeGitHub(FakeApi):
                        "{attempt:\\d+}/jobs", self._jobs)
         router.add_get("/repos/{owner}/{repo}/check-runs/{check_run_id:\\d+}/annotations",
                        self._annotations)
+        router.add_post("/repos/{owner}/{repo}/statuses/{sha}", self._status)
+
+    async def _status(self, request: web.Request) -> web.Response:
+        if not self._repo_known(request):
+            return self._not_found()
+        body = request[BODY] if isinstance(request[BODY], dict) else {}
+        return web.json_response({"state": body.get("state"),
+                                  "context": body.get("context")}, status=201)
 
     @staticmethod
     def _not_found() -> web.Response:

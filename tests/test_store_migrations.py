@@ -39,6 +39,8 @@ TABLES = {
     "schema_migrations",
     "notification",  # 0006: commit statuses and alerts
     "queue_health",
+    "worker_process",  # 0013: the hosted APIs' budgets shared among worker processes
+    "credential_pause",
 }
 
 

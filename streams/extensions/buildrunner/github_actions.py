@@ -83,6 +83,10 @@ PAGES = 10  # GitHub lists at most 1,000 runs for a filtered search
 PER_PAGE = 100
 MAX_INPUTS = 25  # GitHub: a workflow_dispatch event has at most 25 inputs
 DEFAULT_REQUESTS_PER_MINUTE = 2500 / 60  # half of a token's 5,000 an hour
+# of those, the calls that create content (a commit status, a dispatch, a cancel): GitHub's
+# secondary limit allows about 500 an hour ("Rate limits for the REST API", secondary
+# rate limits); Stovepipe stays below it
+DEFAULT_CONTENT_REQUESTS_PER_HOUR = 400.0
 GITHUB_BUDGET = "github"  # the budget's name: shared with the commit-status notifier
 LIST_PAGE = 100  # runs in one list answer (GitHub's largest page)
 ACTIVE_WITHIN = 60.0  # seconds since its last poll that a workflow counts as polled
@@ -187,6 +191,10 @@ class GitHubActionsBuildRunnerSpec:
     # Stovepipe's share of the token's limit (5,000 an hour), divided among the workers:
     # half, leaving the other half to whatever else uses the token
     requests_per_minute: PositiveFloat = DEFAULT_REQUESTS_PER_MINUTE
+    # of those, the calls that create content (dispatches, cancels; commit statuses on
+    # the same token count too), an hour, divided among the workers: below the about 500
+    # an hour GitHub allows
+    content_requests_per_hour: PositiveFloat = DEFAULT_CONTENT_REQUESTS_PER_HOUR
     # poll a workflow's running runs with one list call (False: one call per run)
     batch_polls: Flag = True
     kind: Literal["github_actions"] = "github_actions"
@@ -215,7 +223,8 @@ class GitHubActionsBuildRunnerSpec:
             inputs=self.inputs, run_search=self.run_search.total_seconds(),
             lookback=self.lookback.total_seconds(),
             timeout=self.request_timeout.total_seconds(),
-            requests_per_minute=self.requests_per_minute, batch_polls=self.batch_polls)
+            requests_per_minute=self.requests_per_minute, batch_polls=self.batch_polls,
+            content_per_hour=self.content_requests_per_hour)
 
 
 class GitHubActionsBuildRunner:
@@ -232,7 +241,8 @@ class GitHubActionsBuildRunner:
                  environ: Mapping[str, str] | None = None,
                  search_poll: float = RUN_SEARCH_POLL,
                  requests_per_minute: float | None = None,
-                 batch_polls: bool = False) -> None:
+                 batch_polls: bool = False,
+                 content_per_hour: float | None = None) -> None:
         self.repository = repository
         self.batch_polls = batch_polls
         self.workflow = workflow
@@ -250,7 +260,7 @@ class GitHubActionsBuildRunner:
                                       "X-GitHub-Api-Version": API_VERSION},
                              rate_limit_wait=_rate_limit_wait, environ=environ,
                              requests_per_minute=requests_per_minute,
-                             budget_name=GITHUB_BUDGET)
+                             budget_name=GITHUB_BUDGET, content_per_hour=content_per_hour)
         self._runs = RunEndings(self.api)
 
     def __repr__(self) -> str:

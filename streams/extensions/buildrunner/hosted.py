@@ -15,7 +15,12 @@ each call, and appears in no message, repr or log):
 | a missing token variable, a URI not git's         | no        |                         |
 
 (1) ``Retry-After`` (seconds or an HTTP date), else the provider's rate-limit reset
-header, else 60 s.
+header, else 60 s. A rate limit also pauses the credential for that long, for every call
+of every runner and notifier on it (`streams.extensions.budget`): a call asked meanwhile
+is not sent and fails the same way (retryable, ``retry_after`` the pause's remainder).
+
+Every call first waits its turn in the credential's budget; a call that creates content
+on GitHub (no GET) also in the token's content budget.
 
 The delivery runtime retries no earlier than ``retry_after`` (streams/runtime/policy.py).
 """
@@ -42,7 +47,15 @@ import aiohttp
 from pydantic import BeforeValidator
 
 from store.entities import BuildStatus
-from streams.extensions.budget import Budget, budget_for, budget_key
+from streams.extensions.budget import (
+    Budget,
+    BudgetWait,
+    budget_for,
+    budget_key,
+    content_budget_for,
+    pause,
+    take_turns,
+)
 from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
 from streams.extensions.sourcecontrol.contract import CommitNotFound
 from streams.extensions.sourcecontrol.gituri import GitCommit, check_branch_name, parse_uri
@@ -287,12 +300,15 @@ class HostedApi:
                  environ: Mapping[str, str] | None = None,
                  requests_per_minute: float | None = None,
                  budget_scope: str | None = None,
-                 budget_name: str | None = None) -> None:
+                 budget_name: str | None = None,
+                 content_per_hour: float | None = None) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         if requests_per_minute is not None and requests_per_minute <= 0:
             raise ValueError(f"requests_per_minute must be positive, got "
                              f"{requests_per_minute}")
+        if content_per_hour is not None and content_per_hour <= 0:
+            raise ValueError(f"content_per_hour must be positive, got {content_per_hour}")
         self.provider = provider
         self.api_url = api_url.rstrip("/")
         self.token_env = token_env
@@ -303,6 +319,9 @@ class HostedApi:
         self.requests_per_minute = requests_per_minute
         self.budget_scope = budget_scope
         self.budget_name = budget_name or provider  # one name per provider's limits
+        # calls that are no GET also draw from the credential's budget of content-creating
+        # calls (GitHub's secondary limit), when given
+        self.content_per_hour = content_per_hour
         self._headers = {"User-Agent": "stovepipe", **(headers or {})}
         self._rate_limit_wait = rate_limit_wait or (lambda status, headers, message: None)
         self._environ = environ if environ is not None else os.environ
@@ -333,15 +352,28 @@ class HostedApi:
         return budget_for(budget_key(self.budget_name, self.api_url, credential),
                           self.requests_per_minute)
 
+    def budgets(self, method: str) -> tuple[Budget, ...]:
+        """The budgets a ``method`` call draws from: the credential's, and for a call that
+        creates content its content budget too (none without a budget)."""
+        budget = self.budget()
+        if budget is None:
+            return ()
+        if method == "GET" or self.content_per_hour is None:
+            return (budget,)
+        return (budget, content_budget_for(budget.key, self.content_per_hour))
+
     async def call(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
                    body: Any = None, expect: tuple[int, ...] = (200,)) -> Answer:
         """``method path`` answered with one of ``expect``; anything else raises. Waits
-        for its turn in the credential's budget first."""
+        for its turn in the credential's budgets first; while the credential is paused
+        after a rate limit, raises a retryable error at once, without calling."""
         token = self.token()
-        budget = self.budget()
-        if budget is not None:
-            await budget.acquire()
         where = f"{self.provider}: {method} {path}"
+        try:
+            await take_turns(self.budgets(method))
+        except BudgetWait as exc:
+            raise BuildRunnerError(f"{where}: {exc}", retryable=True,
+                                   retry_after=exc.wait) from None
         headers = {**self._headers, "Authorization": f"Bearer {token}"}
         try:
             async with self._client().request(method, self.api_url + path, params=params,
@@ -380,6 +412,9 @@ class HostedApi:
         if status == 429 or limited is not None:
             wait = asked if asked is not None else (
                 limited if limited is not None else DEFAULT_RATE_LIMIT_WAIT)
+            budget = self.budget()
+            if budget is not None:  # nobody calls the credential before the limit allows
+                pause(budget.key, wait)
             return BuildRunnerError(f"{said} (rate limited; retry in {wait:.0f}s)",
                                     retryable=True, retry_after=wait)
         if status == 408 or status >= 500:

@@ -7,6 +7,7 @@ posts it to one channel (GitHub's commit statuses, a JSON webhook, a Slack incom
 webhook) and classifies its own failures: `NotifyError.retryable` (HTTP 5xx, 408, 429,
 rate limits, timeouts, refused connections), optionally with how long the service asked
 to be left alone (`retry_after`); anything else is permanent and the notice is given up.
+A notice whose turn in a rate budget is not yet due is `NotifyPostponed`: nothing failed.
 
 Secrets (tokens, webhook URLs) are handed to a notifier by whoever builds it; they never
 appear in an error message.
@@ -30,6 +31,16 @@ class NotifyError(Exception):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
+
+
+class NotifyPostponed(Exception):
+    """The notice was not posted, and nothing failed: the channel's budget gives it its
+    turn only ``delay`` seconds from now (or its credential is paused after a rate
+    limit). Its sender posts it then, without counting an attempt."""
+
+    def __init__(self, delay: float, message: str) -> None:
+        super().__init__(message)
+        self.delay = delay
 
 
 @dataclass(frozen=True)
