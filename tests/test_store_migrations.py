@@ -25,6 +25,7 @@ TABLES = {
     "commit_info",
     "greenness_change",
     "promotion_pin",
+    "promotion_problem",
     "worker_host",
     "ingest_lease",
     "queue",

@@ -15,7 +15,14 @@ import click
 from streams.cli.common import emit, json_option, open_db, queues_option, run_async
 from streams.config.queues import Extensions, load_queues
 from streams.stages.deps import Deps
-from streams.stages.pins import Pinned, PinRefused, Unpinned, pin_promotion, unpin_promotion
+from streams.stages.pins import (
+    Pinned,
+    PinNotApplied,
+    PinRefused,
+    Unpinned,
+    pin_promotion,
+    unpin_promotion,
+)
 
 T = TypeVar("T")
 REFUSED = 4
@@ -64,15 +71,22 @@ def pin_command(queue: str, commit: str, reason: str, by: str | None,
     when and why are kept and shown wherever the ref is; `stovepipe unpin` lets it follow
     the bookmark again.
 
-    Exit status: 0 pinned; 4 refused (the commit is red or was never validated, or the
-    queue has no promotion ref); 1 malformed input, an unknown queue or commit, or
-    Stovepipe unreachable."""
+    The ref is moved first to the pin's commit; when it cannot be (the repository refuses
+    or does not answer in time), the pin is rolled back and the reason kept (`stovepipe
+    queue` shows it beside the ref).
+
+    Exit status: 0 pinned; 4 refused (the commit is red, was never validated or is no
+    longer on the branch, or the queue has no promotion ref); 1 the ref could not be
+    moved (nothing changed), malformed input, an unknown queue or commit, or Stovepipe
+    unreachable."""
     try:
         done: Pinned = run_async(lambda: _with_deps(queues_file, lambda deps: pin_promotion(
             deps, queue, commit, by=by or _who(), reason=reason)))
     except PinRefused as exc:
         _refused(exc)
         return
+    except PinNotApplied as exc:  # nothing changed; why is kept and shown with the ref
+        raise click.ClickException(str(exc)) from None
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     q = done.queue

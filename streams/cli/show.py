@@ -19,6 +19,7 @@ from store import (
 )
 from streams.cli.common import emit, json_option, open_db, queues_option, run_async
 from streams.cli.explain import culprit_lines
+from streams.config.names import QueueConfigError
 from streams.config.queues import Extensions, UnknownQueue, load_queues
 from streams.extensions.sourcecontrol import AmbiguousCommit, CommitNotFound
 from streams.stages.deps import Deps
@@ -139,7 +140,8 @@ def queue_command(name: str, queues_file: Path | None, as_json: bool) -> None:
     """Show a queue: last-green bookmark, in-flight builds, latest Request and its state,
     and while it is red, its culprit ("red since C") or the search for it."""
 
-    async def run() -> tuple[Queue, Request | None, CulpritView | None, SearchView | None]:
+    async def run() -> tuple[Queue, Request | None, CulpritView | None, SearchView | None,
+                             queries.PromotionRef | None]:
         db = await open_db()
         try:
             try:
@@ -151,13 +153,13 @@ def queue_command(name: str, queues_file: Path | None, as_json: bool) -> None:
             if q.latest_request_id is not None:
                 latest = await db.requests.get(name, q.latest_request_id)
             culprit, search = await culprit_lines(db, name, queues_file)
-            return q, latest, culprit, search
+            return q, latest, culprit, search, await _promotion_ref(db, q, queues_file)
         finally:
             await db.close()
 
-    q, latest, culprit, search = run_async(run)
+    q, latest, culprit, search, ref = run_async(run)
     emit(as_json, {"queue": q, "latest_request": latest, "culprit": culprit,
-                   "search": search}, [
+                   "search": search, "promotion_ref": ref}, [
         f"{q.name}",
         f"  last green  {q.last_green_uri or '-'}"
         + (f"  ({q.last_green_request_id})" if q.last_green_request_id else ""),
@@ -165,9 +167,42 @@ def queue_command(name: str, queues_file: Path | None, as_json: bool) -> None:
         *([f"  pinned      promotion ref held at {q.pinned_uri} by {q.pinned_by} since "
            f"{q.pinned_at.isoformat() if q.pinned_at else '?'}: {q.pinned_reason}"]
           if q.pinned_uri else []),
+        *_promotion_lines(ref),
         f"  latest      {latest.id}  {state_text(latest)}" if latest else "  latest      -",
         *_red_since_lines(culprit, search),
     ])
+
+
+async def _promotion_ref(db: Any, q: Queue,
+                         queues_file: Path | None) -> queries.PromotionRef | None:
+    """The queue's promotion ref as the repository has it (None when the queue is not
+    configured here, or promotes nothing)."""
+    try:
+        queues = load_queues(queues_file)
+        queues.get(q.name)
+    except (QueueConfigError, UnknownQueue):
+        return None
+    extensions = Extensions(queues, db)
+    try:
+        return await queries.promotion_ref(Deps(db=db, queues=queues, extensions=extensions),
+                                           q.name, queries.pin_of(q), q)
+    finally:
+        await extensions.aclose()
+
+
+def _promotion_lines(ref: queries.PromotionRef | None) -> list[str]:
+    """Where the promotion ref really is, beside where the queue says it belongs."""
+    if ref is None:
+        return []
+    where = ref.target or "-" if ref.target_known else "unknown (the repository did not answer)"
+    lines = [f"  promotion   {ref.name} at {where}"]
+    if ref.differs:
+        lines.append(f"              not where it belongs ({ref.wanted}, the "
+                     f"{'pin' if ref.pinned else 'bookmark'}): the sweeper moves it")
+    if ref.problem is not None:
+        lines.append(f"              since {ref.problem.since.isoformat()}: "
+                     f"{ref.problem.reason}")
+    return lines
 
 
 def _red_since_lines(culprit: CulpritView | None, search: SearchView | None) -> list[str]:

@@ -91,7 +91,7 @@ from streams.runtime.stage import Delivery
 from streams.runtime.worker import RuntimeService
 from streams.stages.deps import Deps
 from streams.stages.ingest import ingest_head
-from streams.stages.pins import PinRefused, pin_promotion, unpin_promotion
+from streams.stages.pins import PinNotApplied, PinRefused, pin_promotion, unpin_promotion
 from streams.stages.revalidate import AlreadyGreen, NeverIngested, validate_again
 from streams.web import queries
 from streams.web.errors import ApiError
@@ -269,6 +269,9 @@ class Api(Reads):
                                            reason=fields["reason"])
         except PinRefused as exc:
             raise ApiError(409, str(exc)) from None
+        except PinNotApplied as exc:
+            # the repository refused the move (502) or did not answer (503): nothing changed
+            raise ApiError(503 if exc.retryable else 502, str(exc)) from None
         except ValueError as exc:  # not a sha (or, its subclass, not a queue name)
             raise ApiError(400, str(exc)) from None
         q = done.queue

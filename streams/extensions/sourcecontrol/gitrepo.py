@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import signal
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -163,6 +164,17 @@ async def hold_file_lock(path: Path) -> AsyncIterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _remove_lock_left_since(lock: Path, began: float) -> None:
+    """Remove ``lock`` if it was made at or after ``began``: the one a git killed since
+    then left (an older one is another holder's)."""
+    try:
+        if lock.stat().st_mtime >= began - 1.0:
+            lock.unlink()
+            log.warning("git_stale_lock_removed path=%s", lock)
+    except FileNotFoundError:
+        pass
 
 
 def _remove_stale_locks(git_dir: Path) -> None:
@@ -415,8 +427,18 @@ class GitRepository:
                 raise _local_failure(self.repository, f"push to {branch!r}", result)
             return
         async with (self._cache_lock() if self.is_remote else contextlib.nullcontext()):
-            result = await self.git("update-ref", "-m", "stovepipe: promote",
-                                    f"refs/heads/{branch}", sha, expected or _ZERO_SHA)
+            began = time.time()
+            try:
+                result = await self.git("update-ref", "-m", "stovepipe: promote",
+                                        f"refs/heads/{branch}", sha, expected or _ZERO_SHA)
+            except BaseException:
+                # killed at its deadline (or with its caller) while it held the ref's
+                # lock: the lock it left would refuse every later move of the branch
+                # (a cache's stale locks are removed by its next flock holder instead)
+                if not self.is_remote:
+                    lock = await self.git_dir() / "refs" / "heads" / f"{branch}.lock"
+                    await asyncio.to_thread(_remove_lock_left_since, lock, began)
+                raise
         if result.code != 0:
             text = result.stderr.lower()
             if "but expected" in text or "already exists" in text or "unable to resolve" in text:
