@@ -93,8 +93,8 @@ def test_trigger_creates_a_build_of_the_head_with_base_and_head_in_its_environme
             "DEPLOY": "no",
             "STOVEPIPE_HEAD_SHA": HEAD, "STOVEPIPE_BASE_SHA": BASE,
             "STOVEPIPE_HEAD_URI": HEAD_URI, "STOVEPIPE_BASE_URI": BASE_URI,
-            "STOVEPIPE_QUEUE": "mono/main", "STOVEPIPE_REQUEST_ID": "request/mono/main/7",
-            "STOVEPIPE_STRATEGY": "incremental"}
+            "STOVEPIPE_QUEUE": "mono/main", "STOVEPIPE_PROJECT": "",
+            "STOVEPIPE_REQUEST_ID": "request/mono/main/7", "STOVEPIPE_STRATEGY": "incremental"}
         assert build["meta_data"] == {
             "stovepipe-trigger": correlation_id(META, BASE_URI, HEAD_URI),
             "stovepipe-request": "request/mono/main/7"}
@@ -107,6 +107,28 @@ def test_trigger_creates_a_build_of_the_head_with_base_and_head_in_its_environme
         assert fake.builds[2]["env"]["STOVEPIPE_QUEUE"] == "mono/main"  # the runner's queue
 
     serve(scenario, env={"DEPLOY": "no"})
+
+
+def test_a_project_s_build_carries_its_project_in_env_and_meta_data() -> None:
+    project_meta = {**META, "queue": "mono/main#api", "request_id": "request/mono/main#api/3",
+                    "trigger_key": "request/mono/main#api/3"}
+
+    async def scenario(fake: FakeBuildkite, runner: BuildkiteBuildRunner) -> None:
+        await runner.trigger(BASE_URI, HEAD_URI, project_meta)
+        [build] = fake.builds.values()
+        assert (build["env"]["STOVEPIPE_QUEUE"], build["env"]["STOVEPIPE_PROJECT"]) == (
+            "mono/main", "api")
+        assert build["meta_data"] == {
+            "stovepipe-trigger": correlation_id(project_meta, BASE_URI, HEAD_URI),
+            "stovepipe-request": "request/mono/main#api/3", "stovepipe-project": "api"}
+        # the repeated trigger finds the project's build, not another project's
+        assert await runner.trigger(BASE_URI, HEAD_URI, project_meta) == "bk-acme/monorepo/1"
+        web = {**project_meta, "queue": "mono/main#web", "request_id": "request/mono/main#web/3",
+               "trigger_key": "request/mono/main#web/3"}
+        assert await runner.trigger(BASE_URI, HEAD_URI, web) == "bk-acme/monorepo/2"
+        assert fake.builds[2]["meta_data"]["stovepipe-project"] == "web"
+
+    serve(scenario)
 
 
 def test_a_configured_branch_replaces_the_head_s_ref() -> None:

@@ -127,6 +127,34 @@ def test_configured_ref_input_names_and_extra_inputs() -> None:
           inputs={"suite": "full"})
 
 
+def test_a_project_s_build_is_dispatched_with_its_project_input() -> None:
+    fake = FakeGitHub(TOKEN, inputs=("head", "base", "stovepipe_id", "service"))
+    project_meta = {**META, "queue": "mono/main#api", "request_id": "request/mono/main#api/3",
+                    "trigger_key": "request/mono/main#api/3"}
+
+    async def scenario(fake: FakeGitHub, runner: GitHubActionsBuildRunner) -> None:
+        await runner.trigger(BASE_URI, HEAD_URI, project_meta)
+        await runner.trigger(BASE_URI, HEAD_URI, META)  # a queue without projects
+        [project_dispatch, whole_repo_dispatch] = fake.requests("POST", "/dispatches")
+        assert project_dispatch.body["inputs"] == {
+            "head": HEAD, "base": BASE, "service": "api",
+            "stovepipe_id": correlation_id(project_meta, BASE_URI, HEAD_URI)}
+        assert "service" not in whole_repo_dispatch.body["inputs"]
+
+    serve(scenario, fake, project_input="service")
+
+
+def test_a_workflow_without_the_project_input_refuses_a_project_s_build() -> None:
+    project_meta = {**META, "queue": "mono/main#api"}
+
+    async def scenario(fake: FakeGitHub, runner: GitHubActionsBuildRunner) -> None:
+        error = await failure_of(runner.trigger(BASE_URI, HEAD_URI, project_meta))
+        assert not error.retryable
+        assert "Unexpected inputs provided" in str(error) and "project" in str(error)
+
+    serve(scenario)
+
+
 def test_a_dispatch_answered_204_finds_its_run_by_its_run_name() -> None:
     fake = FakeGitHub(TOKEN, returns_run_details=False)
 
@@ -620,7 +648,13 @@ def test_queues_yaml_with_every_option(tmp_path: Path) -> None:
     ({**GHA, "head_input": "run id"},
      "queues.q.build_runner.head_input: expected a workflow_dispatch input name"),
     ({**GHA, "base_input": "head"},
-     "queues.q.build_runner: head_input, base_input and id_input must differ"),
+     "queues.q.build_runner: head_input, base_input, id_input and project_input must "
+     "differ"),
+    ({**GHA, "project_input": "base"},
+     "queues.q.build_runner: head_input, base_input, id_input and project_input must "
+     "differ"),
+    ({**GHA, "inputs": {"project": "x"}},
+     "queues.q.build_runner: inputs ['project'] are set by Stovepipe"),
     ({**GHA, "inputs": {"stovepipe_id": "x"}},
      "queues.q.build_runner: inputs ['stovepipe_id'] are set by Stovepipe"),
     ({**GHA, "inputs": {"suite": 3}}, "queues.q.build_runner.inputs: expected a mapping"),

@@ -5,10 +5,11 @@ Endpoints (Buildkite REST API v2, https://buildkite.com/docs/apis/rest-api/build
 - ``POST /v2/organizations/{org}/pipelines/{pipeline}/builds`` creates the build: ``commit``
   the head sha, ``branch`` (the configured one, else the head URI's ref), a ``message``,
   ``env`` with STOVEPIPE_HEAD_SHA, STOVEPIPE_BASE_SHA (empty for a full build),
-  STOVEPIPE_HEAD_URI, STOVEPIPE_BASE_URI, STOVEPIPE_QUEUE, STOVEPIPE_REQUEST_ID and
-  STOVEPIPE_STRATEGY (plus the queue's extra ``env``), and ``meta_data``
-  ``stovepipe-trigger`` (the correlation id of the trigger key, see `hosted.correlation_id`)
-  and ``stovepipe-request``;
+  STOVEPIPE_HEAD_URI, STOVEPIPE_BASE_URI, STOVEPIPE_QUEUE, STOVEPIPE_PROJECT (empty
+  unless the build is a monorepo project's), STOVEPIPE_REQUEST_ID and STOVEPIPE_STRATEGY
+  (plus the queue's extra ``env``), and ``meta_data`` ``stovepipe-trigger`` (the
+  correlation id of the trigger key, see `hosted.correlation_id`), ``stovepipe-request``
+  and, for a project's build, ``stovepipe-project``;
 - ``GET …/builds?meta_data[stovepipe-trigger]=<id>&commit=<sha>`` (list builds, filtered):
   before creating, a trigger looks for the build an earlier trigger with the same key
   started (a trigger repeated after a crash), and returns it instead of a second build;
@@ -72,6 +73,7 @@ DEFAULT_API_URL = "https://api.buildkite.com"
 WEB_URL = "https://buildkite.com"  # where people look at the builds of DEFAULT_API_URL
 TRIGGER_META = "stovepipe-trigger"
 REQUEST_META = "stovepipe-request"
+PROJECT_META = "stovepipe-project"
 _BUILD_ID = re.compile(r"bk-([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)/"
                        r"([1-9][0-9]{0,17})")
 PROVIDER = "buildkite"
@@ -172,13 +174,15 @@ class BuildkiteBuildRunner:
         queue = metadata.get("queue") or self.queue
         env = {**self.env, **build_environment(commits, {**metadata, "queue": queue},
                                                base_uri, head_uri)}
+        meta_data = {TRIGGER_META: correlation, REQUEST_META: metadata.get("request_id", "")}
+        if env["STOVEPIPE_PROJECT"]:  # Buildkite refuses an empty meta-data value
+            meta_data[PROJECT_META] = env["STOVEPIPE_PROJECT"]
         created = await self.api.call("POST", builds, expect=(200, 201), body={
             "commit": commits.head.sha,
             "branch": self.branch or commits.head.ref,
             "message": _message(queue, commits, metadata),
             "env": env,
-            "meta_data": {TRIGGER_META: correlation,
-                          REQUEST_META: metadata.get("request_id", "")},
+            "meta_data": meta_data,
         })
         if not _is_build(created.body):
             raise BuildRunnerError(f"{PROVIDER}: POST {builds} answered without a build "

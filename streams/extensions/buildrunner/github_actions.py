@@ -5,7 +5,9 @@ Endpoints (GitHub REST API, https://docs.github.com/rest/actions):
 
 - ``POST /repos/{owner}/{repo}/actions/workflows/{workflow}/dispatches`` with ``ref`` (the
   configured branch, else the head URI's ref), ``inputs`` — the head sha, the base sha
-  (empty for a full build), a correlation id, and the queue's extra inputs — and
+  (empty for a full build), a correlation id, for a monorepo project's build the project
+  (the ``project_input``, which the workflow must then declare), and the queue's extra
+  inputs — and
   ``return_run_details: true``, so GitHub answers ``200`` with the ``workflow_run_id`` it
   started. A GitHub that answers ``204`` without it (GitHub Enterprise Server before the
   feature) is asked for the run instead, below, for up to ``run_search`` seconds; one that
@@ -49,6 +51,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BeforeValidator, Field, model_validator
 from pydantic.dataclasses import dataclass as spec_dataclass
 
+from store.entities import split_scope
 from streams.extensions import ExtensionContext
 from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
 from streams.extensions.buildrunner.github_runs import (
@@ -184,6 +187,7 @@ class GitHubActionsBuildRunnerSpec:
     head_input: InputName = "head"
     base_input: InputName = "base"
     id_input: InputName = "stovepipe_id"
+    project_input: InputName = "project"  # sent only for a project's build
     inputs: Annotated[dict[str, str], BeforeValidator(_extra_inputs)] | None = None
     run_search: Duration = timedelta(seconds=DEFAULT_RUN_SEARCH)
     lookback: Duration = timedelta(seconds=DEFAULT_LOOKBACK)
@@ -202,12 +206,14 @@ class GitHubActionsBuildRunnerSpec:
     @model_validator(mode="after")
     def _distinct_inputs(self) -> GitHubActionsBuildRunnerSpec:
         names = [self.head_input, self.base_input, self.id_input]
-        if len(set(names)) != 3:
-            raise ValueError(f"head_input, base_input and id_input must differ, got {names}")
-        clash = sorted(set(names) & set(self.inputs or {}))
+        named = [*names, self.project_input]
+        if len(set(named)) != len(named):
+            raise ValueError(f"head_input, base_input, id_input and project_input must "
+                             f"differ, got {named}")
+        clash = sorted(set(named) & set(self.inputs or {}))
         if clash:
             raise ValueError(f"inputs {clash} are set by Stovepipe (head_input, base_input, "
-                             f"id_input)")
+                             f"id_input, project_input)")
         count = len(names) + len(self.inputs or {})
         if count > MAX_INPUTS:
             raise ValueError(f"a workflow_dispatch takes at most {MAX_INPUTS} inputs, and "
@@ -220,7 +226,8 @@ class GitHubActionsBuildRunnerSpec:
             self.repository, self.workflow, self.token_env, ref=self.ref,
             api_url=self.api_url,
             input_names=(self.head_input, self.base_input, self.id_input),
-            inputs=self.inputs, run_search=self.run_search.total_seconds(),
+            project_input=self.project_input, inputs=self.inputs,
+            run_search=self.run_search.total_seconds(),
             lookback=self.lookback.total_seconds(),
             timeout=self.request_timeout.total_seconds(),
             requests_per_minute=self.requests_per_minute, batch_polls=self.batch_polls,
@@ -235,6 +242,7 @@ class GitHubActionsBuildRunner:
     def __init__(self, repository: str, workflow: str, token_env: str, *,
                  ref: str | None = None, api_url: str = DEFAULT_API_URL,
                  input_names: tuple[str, str, str] = ("head", "base", "stovepipe_id"),
+                 project_input: str = "project",
                  inputs: Mapping[str, str] | None = None,
                  run_search: float = DEFAULT_RUN_SEARCH, lookback: float = DEFAULT_LOOKBACK,
                  timeout: float = DEFAULT_REQUEST_TIMEOUT,
@@ -248,6 +256,7 @@ class GitHubActionsBuildRunner:
         self.workflow = workflow
         self.ref = ref
         self.input_names = input_names
+        self.project_input = project_input
         self.inputs = dict(inputs or {})
         self.run_search = run_search
         self.lookback = lookback
@@ -285,6 +294,9 @@ class GitHubActionsBuildRunner:
                        base_input: commits.base.sha if commits.base else "",
                        id_input: correlation},
         }
+        project = split_scope(metadata.get("queue") or "")[1]
+        if project:  # a project's build; a queue without projects sends no such input
+            body["inputs"][self.project_input] = project
         if self.run_details is not False:
             answer = await self.api.call("POST", dispatches, expect=(200, 204, 400, 422),
                                          body={**body, "return_run_details": True})

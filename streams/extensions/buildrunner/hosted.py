@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from pydantic import BeforeValidator
 
-from store.entities import BuildStatus
+from store.entities import BuildStatus, split_scope
 from streams.extensions.budget import (
     Budget,
     BudgetWait,
@@ -166,13 +166,16 @@ def correlation_id(metadata: Mapping[str, str], base_uri: str | None, head_uri: 
 
 def build_environment(commits: Commits, metadata: Mapping[str, str], base_uri: str | None,
                       head_uri: str) -> dict[str, str]:
-    """What the build sees as STOVEPIPE_* (URIs carry no credentials: design §8)."""
+    """What the build sees as STOVEPIPE_* (URIs carry no credentials: design §8). A
+    project's build (its scope `<queue>#<project>`) names its queue and its project."""
+    queue, project = split_scope(metadata.get("queue", ""))
     return {
         "STOVEPIPE_HEAD_SHA": commits.head.sha,
         "STOVEPIPE_BASE_SHA": commits.base.sha if commits.base else "",
         "STOVEPIPE_HEAD_URI": head_uri,
         "STOVEPIPE_BASE_URI": base_uri or "",
-        "STOVEPIPE_QUEUE": metadata.get("queue", ""),
+        "STOVEPIPE_QUEUE": queue,
+        "STOVEPIPE_PROJECT": project or "",
         "STOVEPIPE_REQUEST_ID": metadata.get("request_id", ""),
         "STOVEPIPE_STRATEGY": metadata.get("strategy", ""),
     }
