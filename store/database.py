@@ -35,6 +35,7 @@ from store.notifications import NotificationStore
 from store.parked import ParkedStore
 from store.pins import PinStore
 from store.project_answers import ProjectAnswerStore
+from store.project_pins import ProjectPinStore
 from store.project_views import ProjectViewStore
 from store.projects import ProjectStore
 from store.queues import QueueStore
@@ -68,6 +69,7 @@ class Stores:
         self.pins = PinStore(source)
         self.projects = ProjectStore(source)
         self.project_answers = ProjectAnswerStore(source)
+        self.project_pins = ProjectPinStore(source)
         self.project_views = ProjectViewStore(source)
 
 

@@ -139,6 +139,13 @@ class PinStore(Store):
             {"queue": queue}, key={"queue": queue})
         return PromotionProblem(**row) if row is not None else None
 
+    async def problems(self, queues: list[str]) -> dict[str, PromotionProblem]:
+        """The promotion problems of these queues (or scopes), by name."""
+        rows = await self._fetch_all(
+            "SELECT queue, reason, at FROM promotion_problem WHERE queue = ANY(%(queues)s)",
+            {"queues": queues}, key={"queue": "*"})
+        return {row["queue"]: PromotionProblem(**row) for row in rows}
+
     async def set_problem(self, queue: str, reason: str) -> None:
         """Say why the queue's promotion ref is not where it belongs (kept until cleared;
         its time is the first failure's while the reason stays the same)."""

@@ -29,7 +29,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-from store import NotFound, Queue
+from store import NotFound, Queue, project_of
 from streams.config.names import UnknownQueue, validate_queue_name
 from streams.extensions.sourcecontrol import CommitNotFound, PromotionMoved
 from streams.stages.commits import resolve_commit
@@ -75,7 +75,7 @@ def _promotion_ref(deps: Deps, queue: str) -> str:
     return str(ref)
 
 
-def _check_words(by: str, reason: str) -> tuple[str, str]:
+def check_words(by: str, reason: str) -> tuple[str, str]:
     by, reason = by.strip(), reason.strip()
     if not by:
         raise ValueError("say who pins or unpins (by)")
@@ -94,7 +94,7 @@ async def pin_promotion(deps: Deps, queue: str, commit: str, *, by: str,
     PinNotApplied (the ref could not be moved: nothing changed, and why is kept), and the
     source control's errors while checking the commit (nothing written)."""
     validate_queue_name(queue)
-    by, reason = _check_words(by, reason)
+    by, reason = check_words(by, reason)
     ref = _promotion_ref(deps, queue)
     uri = await resolve_commit(deps, queue, commit)
     try:
@@ -142,7 +142,7 @@ async def _roll_back(deps: Deps, queue: str, uri: str, before: Queue, why: str) 
 async def unpin_promotion(deps: Deps, queue: str, *, by: str) -> Unpinned:
     """Let ``queue``'s promotion ref follow the bookmark again, and move it there now."""
     validate_queue_name(queue)
-    by, _ = _check_words(by, "unpin")
+    by, _ = check_words(by, "unpin")
     _promotion_ref(deps, queue)
     try:
         unpinned, was = await deps.db.pins.unpin(queue, by=by)
@@ -192,6 +192,8 @@ async def settle_pinned(deps: Deps) -> list[str]:
     queues whose ref moved. A repository that does not answer keeps its problem."""
     moved = []
     for queue in await deps.db.pins.to_settle():
+        if project_of(queue):
+            continue  # a project's ref: `streams.stages.project_pins.settle_pinned_projects`
         if not getattr(_config(deps, queue), "promotion_ref", None):
             continue
         try:

@@ -45,7 +45,7 @@ from store import project_of
 from streams.config.queues import QueueConfig, UnknownQueue
 from streams.runtime import metrics
 from streams.runtime.stage import Publisher
-from streams.stages import culprits, loops, pins
+from streams.stages import culprits, loops, pins, project_pins
 from streams.stages.deps import Deps
 from streams.stages.kit import seconds
 
@@ -139,7 +139,8 @@ async def sweep(deps: Deps, publish: Publisher) -> SweepReport:
     if report.ran and time.monotonic() - _settled_at[0] >= SETTLE_PINS_EVERY:
         # after the sweep's lock is released: git answers without a connection held
         _settled_at[0] = time.monotonic()
-        report.promotions = await pins.settle_pinned(deps)
+        report.promotions = [*await pins.settle_pinned(deps),
+                             *await project_pins.settle_pinned_projects(deps)]
 
     for what, ids in (("process", report.processes), ("build", report.builds),
                       ("buildsignal", report.polls), ("record", report.records),

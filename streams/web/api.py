@@ -6,8 +6,10 @@
     POST /api/queues/{queue}/retry       validate a commit again ({"commit": C}; no body:
                                          the queue's newest head)
     POST /api/queues/{queue}/pin         hold the promotion ref at a green commit
-                                         ({"commit": C, "reason": R, "by": B})
-    POST /api/queues/{queue}/unpin       let it follow the bookmark again ({"by": B})
+                                         ({"commit": C, "reason": R, "by": B}; with
+                                         "project": P, the project's own ref)
+    POST /api/queues/{queue}/unpin       let it follow the bookmark again ({"by": B},
+                                         and "project": P for a project's)
     GET  /api/queues                     every configured queue at a glance
     GET  /api/queues/{queue}             one queue: bookmark, promotion ref, slots, latest,
                                          its culprit ("red since C", or the search under
@@ -92,6 +94,7 @@ from streams.runtime.worker import RuntimeService
 from streams.stages.deps import Deps
 from streams.stages.ingest import ingest_head
 from streams.stages.pins import PinNotApplied, PinRefused, pin_promotion, unpin_promotion
+from streams.stages.project_pins import pin_project, unpin_project
 from streams.stages.revalidate import AlreadyGreen, NeverIngested, validate_again
 from streams.web import queries
 from streams.web.errors import ApiError
@@ -99,6 +102,7 @@ from streams.web.params import (
     pin_fields,
     retry_commit,
 )
+from streams.web.project_answers import check_projects
 from streams.web.reads import Reads
 from streams.web.responses import describe, error_answer, error_response, json_answer
 from streams.web.webhooks import DEFAULT_LIMITS, WebhookLimits, Webhooks
@@ -263,6 +267,8 @@ class Api(Reads):
         self._require_token(request)
         fields = await pin_fields(request, needs_commit=True)
         deps = self._delivery().deps
+        if "project" in fields:
+            return await self._pin_project(deps, queue, fields)
         try:
             async with asyncio.timeout(INGEST_DEADLINE):
                 done = await pin_promotion(deps, queue, fields["commit"], by=fields["by"],
@@ -286,6 +292,8 @@ class Api(Reads):
         self._require_token(request)
         fields = await pin_fields(request, needs_commit=False)
         deps = self._delivery().deps
+        if "project" in fields:
+            return await self._unpin_project(deps, queue, fields)
         try:
             async with asyncio.timeout(INGEST_DEADLINE):
                 done = await unpin_promotion(deps, queue, by=fields["by"])
@@ -296,6 +304,44 @@ class Api(Reads):
         log.info("http_unpin queue=%s was=%s by=%s", queue, done.was_pinned, fields["by"])
         return json_answer({"queue": done.queue.name, "was_pinned": done.was_pinned,
                       "target": done.target, "last_green_uri": done.queue.last_green_uri})
+
+    async def _pin_project(self, deps: Deps, queue: str,
+                           fields: dict[str, str]) -> web.Response:
+        check_projects(deps.queue_config(queue), [fields["project"]])
+        try:
+            async with asyncio.timeout(INGEST_DEADLINE):
+                done = await pin_project(deps, queue, fields["project"], fields["commit"],
+                                         by=fields["by"], reason=fields["reason"])
+        except PinRefused as exc:
+            raise ApiError(409, str(exc)) from None
+        except PinNotApplied as exc:
+            raise ApiError(503 if exc.retryable else 502, str(exc)) from None
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        log.info("http_pin queue=%s project=%s uri=%s by=%s", queue, done.project,
+                 done.pinned_uri, fields["by"])
+        return json_answer({"queue": done.queue, "project": done.project,
+                            "pinned_uri": done.pinned_uri,
+                            "pinned_request_id": done.pinned_request_id,
+                            "inherited_from": done.inherited_from,
+                            "previous_target": done.previous_target,
+                            "last_green_uri": done.last_green_uri})
+
+    async def _unpin_project(self, deps: Deps, queue: str,
+                             fields: dict[str, str]) -> web.Response:
+        check_projects(deps.queue_config(queue), [fields["project"]])
+        try:
+            async with asyncio.timeout(INGEST_DEADLINE):
+                done = await unpin_project(deps, queue, fields["project"], by=fields["by"])
+        except PinRefused as exc:
+            raise ApiError(409, str(exc)) from None
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        log.info("http_unpin queue=%s project=%s was=%s by=%s", queue, done.project,
+                 done.was_pinned, fields["by"])
+        return json_answer({"queue": done.queue, "project": done.project,
+                            "was_pinned": done.was_pinned, "target": done.target,
+                            "last_green_uri": done.last_green_uri})
 
     async def github_webhook(self, request: web.Request) -> web.Response:
         return await self.webhooks.github(request)  # signed, so no bearer token

@@ -17,14 +17,16 @@ At the queue's newest head (its latest Request) a project is:
 The state is the dashboard grid's cell of the head (`streams.web.grid.cell`) in those five
 words (`head_state`, pure); the rest is the grid's column of the project
 (`streams.web.grid.project_column`): its greenness and red streak, its last-green
-bookmark (its newest green answer, built or inherited), the heads since, and while it is
-red its culprit or the search for one.
+bookmark (its newest green answer, built or inherited), the heads since, while it is
+red its culprit or the search for one, and where its own promotion ref belongs (its pin,
+else its bookmark) with the last failed move's reason.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from store import NotFound, Request
@@ -111,6 +113,42 @@ class ProjectView:
     heads_since_green: int
     culprit: CulpritView | None
     search: SearchView | None
+    promotion: ProjectPromotion | None  # None: the project has no promotion ref
+
+
+@dataclass(frozen=True)
+class ProjectPromotion:
+    """Where a project's own promotion ref belongs: its pin (during an incident), else its
+    bookmark; and why it is not there, when the last move failed."""
+
+    ref: str
+    wanted_uri: str | None
+    pinned_uri: str | None
+    pinned_by: str | None
+    pinned_reason: str | None
+    pinned_at: datetime | None
+    problem: str | None
+
+
+async def _promotions(deps: Deps, queue: str,
+                      projects: Sequence[str]) -> dict[str, ProjectPromotion]:
+    config = deps.queue_config(queue)
+    refs = {p: config.projects[p].promotion_ref for p in projects
+            if config.projects[p].promotion_ref}
+    if not refs:
+        return {}
+    states = await deps.db.projects.states(queue, list(refs))
+    problems = await deps.db.pins.problems([scope_name(queue, p) for p in refs])
+    promotions = {}
+    for project, ref in refs.items():
+        state = states[project]
+        problem = problems.get(scope_name(queue, project))
+        promotions[project] = ProjectPromotion(
+            ref=str(ref), wanted_uri=state.pinned_uri or state.last_green_uri,
+            pinned_uri=state.pinned_uri, pinned_by=state.pinned_by,
+            pinned_reason=state.pinned_reason, pinned_at=state.pinned_at,
+            problem=problem.reason if problem is not None else None)
+    return promotions
 
 
 async def project_views(deps: Deps, queue: str, projects: Sequence[str],
@@ -130,6 +168,7 @@ async def project_views(deps: Deps, queue: str, projects: Sequence[str],
     answers = await db.projects.answers(queue, plan.request_id) if plan is not None else {}
     standings = await db.project_views.standings(queue, projects)
     config = deps.queue_config(queue)
+    promotions = await _promotions(deps, queue, projects)
     views = []
     for project in projects:
         child = build = None
@@ -153,5 +192,6 @@ async def project_views(deps: Deps, queue: str, projects: Sequence[str],
             fact=from_answer(answer) if answer is not None else None, build=build,
             greenness=column.greenness, red_streak_s=column.red_streak_s,
             bookmark=column.bookmark, heads_since_green=column.heads_since_green,
-            culprit=column.culprit, search=column.search))
+            culprit=column.culprit, search=column.search,
+            promotion=promotions.get(project)))
     return views
