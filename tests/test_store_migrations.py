@@ -25,6 +25,7 @@ TABLES = {
     "commit_info",
     "greenness_change",
     "promotion_pin",
+    "promotion_problem",
     "worker_host",
     "ingest_lease",
     "queue",
@@ -39,6 +40,8 @@ TABLES = {
     "schema_migrations",
     "notification",  # 0006: commit statuses and alerts
     "queue_health",
+    "worker_process",  # 0013: the hosted APIs' budgets shared among worker processes
+    "credential_pause",
 }
 
 
