@@ -74,8 +74,29 @@ proto: venv ## Regenerate contract/pb from the .proto files
 	$(BIN)/python -m contract.generate
 
 .PHONY: test
-test: venv system-deps lint ## Lint, start what the tests need, run every test
-	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile
+test: venv system-deps lint ## Lint, start what the tests need, run every test (but the image's)
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile -m "not image"
+
+.PHONY: image-deps
+image-deps: ## Install buildah and debootstrap from Debian's packages when missing (root)
+	@missing=""; \
+	command -v buildah >/dev/null || missing="$$missing buildah"; \
+	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
+	if [ -z "$$missing" ]; then \
+	  echo "image tools: present"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	else \
+	  echo "missing:$$missing — run 'sudo apt-get update && sudo apt-get install -y$$missing'" >&2; exit 1; \
+	fi
+
+.PHONY: image
+image: image-deps ## Build the container image (buildah; a Debian base made once when no registry answers)
+	deploy/image/build.sh
+
+.PHONY: test-deploy
+test-deploy: venv system-deps image ## Build the image, run its worker against the local stack (about a minute warm)
+	$(BIN)/pytest -m image
 
 .PHONY: bench
 bench: up ## Run the benchmarks (prints figures; about 10 minutes)
