@@ -74,8 +74,16 @@ proto: venv ## Regenerate contract/pb from the .proto files
 	$(BIN)/python -m contract.generate
 
 .PHONY: test
-test: venv system-deps lint ## Lint, start what the tests need, run every test (but the image's)
+test: venv system-deps lint helm ## Lint, start what the tests need, run every test (but the image's)
 	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile -m "not image"
+
+.PHONY: helm
+helm: ## Build the pinned helm once from its Go module into ~/.cache/stovepipe (about 2 min)
+	@deploy/tools/helm.sh >/dev/null
+
+.PHONY: render-deploy
+render-deploy: ## Print the Helm chart's manifests with the default values
+	@"$$(deploy/tools/helm.sh)" template stovepipe deploy/helm/stovepipe
 
 .PHONY: image-deps
 image-deps: ## Install buildah and debootstrap from Debian's packages when missing (root)
@@ -95,7 +103,7 @@ image: image-deps ## Build the container image (buildah; a Debian base made once
 	deploy/image/build.sh
 
 .PHONY: test-deploy
-test-deploy: venv system-deps image ## Build the image, run its worker against the local stack (about a minute warm)
+test-deploy: venv system-deps image ## Build the image, run its worker against the local stack
 	$(BIN)/pytest -m image
 
 .PHONY: bench
