@@ -8,8 +8,8 @@ instance id; session timeout >= grace + startup allowance, else helm refuses), t
 bounds (min 1, max the stage topics' partitions), the probes, requests, hooks, selectors,
 and Kafka's TLS/SASL variables only when set — exactly the ones the worker reads.
 
-helm comes from deploy/tools/helm.sh (built once from its Go module; `make test` builds it
-before the tests run).
+helm comes from deploy/tools/helm.sh: built once from its Go module into a cache; `make
+test` starts that build beside the tests, and this module waits for it (a lock).
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ command -v buildah >/dev/null || fail "buildah is missing: apt-get install -y bu
 [[ $(id -u) == 0 ]] || fail "buildah's chroot isolation needs root here (or set up rootless buildah)"
 
 if [[ -z ${BASE_IMAGE:-} ]]; then
-    if has_image "$OFFICIAL_BASE" || timeout 120 buildah pull --quiet "$OFFICIAL_BASE" >/dev/null 2>&1; then
+    if has_image "$OFFICIAL_BASE" || timeout 60 buildah pull --quiet "$OFFICIAL_BASE" >/dev/null 2>&1; then
         BASE_IMAGE=$OFFICIAL_BASE
     else
         BASE_IMAGE=$(debian_base)
