@@ -112,6 +112,8 @@ def test_the_images_worker_validates_a_commit(pipeline: Pipeline,
     # stopped as Kubernetes stops it: SIGTERM to the container's first process (tini),
     # which hands it to the worker; the worker leaves cleanly and the container exits 0
     [init] = [pid for pid in _descendants(worker.pid) if _program(pid) == "tini"]
+    [stovepipe] = [pid for pid, parent in _parents().items() if parent == init]
+    assert {_uid(init), _uid(stovepipe)} == {IMAGE_USER}  # not root
     os.kill(init, signal.SIGTERM)
     assert worker.wait(timeout=120) == 0
     log = (pipeline.root / "worker-image.log").read_text(errors="replace")
@@ -125,7 +127,12 @@ def _program(pid: int) -> str:
         return ""
 
 
-def _descendants(pid: int) -> list[int]:
+def _uid(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+
+
+def _parents() -> dict[int, int]:
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -134,6 +141,11 @@ def _descendants(pid: int) -> list[int]:
             except OSError:
                 continue
             parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    return parents
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = _parents()
     found, frontier = [], [pid]
     while frontier:
         children = [c for c, p in parents.items() if p in frontier]
