@@ -24,6 +24,13 @@ $(STAMP): pyproject.toml
 .PHONY: venv
 venv: $(STAMP) ## Create .venv and install Stovepipe with its dev tools
 
+# The end of a recipe that listed the Debian packages it lacks in $$missing: installs
+# them as root, else says the command and fails. $(1) names what was checked.
+apt_install_missing = if [ -z "$$missing" ]; then echo "$(1): present"; \
+  elif [ "$$(id -u)" = 0 ]; then \
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+  else echo "missing:$$missing — run 'sudo apt-get update && sudo apt-get install -y$$missing'" >&2; exit 1; fi
+
 .PHONY: system-deps
 system-deps: ## Install PostgreSQL, git, Chromium and faketime from Debian's packages when missing (root)
 	@missing=""; \
@@ -32,13 +39,7 @@ system-deps: ## Install PostgreSQL, git, Chromium and faketime from Debian's pac
 	command -v faketime >/dev/null || missing="$$missing faketime"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	[ -d /usr/share/fonts/truetype/liberation ] || missing="$$missing fonts-liberation"; \
-	if [ -z "$$missing" ]; then \
-	  echo "system packages: present"; \
-	elif [ "$$(id -u)" = 0 ]; then \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
-	else \
-	  echo "missing:$$missing — run 'sudo apt-get update && sudo apt-get install -y$$missing'" >&2; exit 1; \
-	fi
+	$(call apt_install_missing,system packages)
 	@command -v java >/dev/null || { echo "java (17+) is missing: apt-get install -y openjdk-17-jre-headless" >&2; exit 1; }
 	@command -v mvn >/dev/null || { echo "mvn is missing: apt-get install -y maven" >&2; exit 1; }
 
@@ -74,8 +75,35 @@ proto: venv ## Regenerate contract/pb from the .proto files
 	$(BIN)/python -m contract.generate
 
 .PHONY: test
-test: venv system-deps lint ## Lint, start what the tests need, run every test
-	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile
+# helm (for tests/test_deploy_chart.py) is built beside the tests the first time, not
+# before them: the test waits for that build (a lock) when it gets there first
+test: venv system-deps lint ## Lint, start what the tests need, run every test (but the image's)
+	@mkdir -p test-artifacts; deploy/tools/helm.sh >/dev/null 2>test-artifacts/helm-build.log & \
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile -m "not image"; status=$$?; \
+	wait; exit $$status
+
+.PHONY: helm
+helm: ## Build the pinned helm once from its Go module into ~/.cache/stovepipe (about 2 min)
+	@deploy/tools/helm.sh >/dev/null
+
+.PHONY: render-deploy
+render-deploy: ## Print the Helm chart's manifests with the default values
+	@"$$(deploy/tools/helm.sh)" template stovepipe deploy/helm/stovepipe
+
+.PHONY: image-deps
+image-deps: ## Install buildah and debootstrap from Debian's packages when missing (root)
+	@missing=""; \
+	command -v buildah >/dev/null || missing="$$missing buildah"; \
+	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
+	$(call apt_install_missing,image tools)
+
+.PHONY: image
+image: image-deps ## Build the container image (buildah; a Debian base made once when no registry answers)
+	deploy/image/build.sh
+
+.PHONY: test-deploy
+test-deploy: venv system-deps image ## Build the image, run its worker against the local stack
+	$(BIN)/pytest -m image
 
 .PHONY: bench
 bench: up ## Run the benchmarks (prints figures; about 10 minutes)

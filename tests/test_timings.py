@@ -56,3 +56,9 @@ def test_workers_count_each_other_from_heartbeats_they_cannot_miss() -> None:
 def test_the_sweeper_waits_for_a_loop_longer_than_its_heartbeat() -> None:
     assert sweeper.GRACE > 0 and loops.HEARTBEAT > 0
     assert Database.open.__kwdefaults__["acquire_timeout"] < timings.REBALANCE_TIMEOUT
+
+
+def test_every_session_timeout_a_worker_accepts_outlasts_three_heartbeats() -> None:
+    assert timings.HEARTBEAT_INTERVAL * 3 <= timings.MIN_SESSION_TIMEOUT
+    assert timings.MIN_SESSION_TIMEOUT <= timings.SESSION_TIMEOUT <= timings.MAX_SESSION_TIMEOUT
+    assert timings.SESSION_TIMEOUT <= timings.REQUEST_TIMEOUT  # Faust's own check

@@ -39,8 +39,10 @@ from streams.config.settings import (
     DEFAULT_WEBHOOK_READ_TIMEOUT,
     ENV_API_TOKEN,
     ENV_APP_ID,
+    ENV_CONSUMER_GROUP_INSTANCE_ID,
     ENV_DB_POOL,
     ENV_MAX_IN_FLIGHT,
+    ENV_SESSION_TIMEOUT,
     ENV_SWEEP_INTERVAL,
     ENV_WEB_PORT,
     ENV_WEBHOOK_BODIES,
@@ -48,6 +50,7 @@ from streams.config.settings import (
     Settings,
 )
 from streams.config.topics import TopicsConfig, TopicsConfigError, load_topics
+from streams.runtime import timings
 
 if TYPE_CHECKING:
     import faust
@@ -60,11 +63,14 @@ def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
                  api_token: str | None = None, sweep_interval: float | None = None,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, db_pool: int = DEFAULT_DB_POOL,
                  security: KafkaSecurity | None = None,
-                 webhook_limits: WebhookLimits | None = None) -> faust.App:
+                 webhook_limits: WebhookLimits | None = None,
+                 group_instance_id: str | None = None,
+                 session_timeout: float = timings.SESSION_TIMEOUT) -> faust.App:
     """The worker's Faust app; with a ``web_port`` it also serves the HTTP API and the
     dashboard (`streams.web.api`), whose POST endpoints need ``api_token`` when given,
     and the push webhooks within ``webhook_limits`` (the defaults when None). Its Kafka
-    clients connect with ``security``, else with what the environment asks."""
+    clients connect with ``security``, else with what the environment asks; with a
+    ``group_instance_id`` its consumers are static members of their groups."""
     # Deferred: Faust and aiohttp take a while to import, and only `worker` needs them.
     from streams.runtime.config import worker_config
     from streams.runtime.worker import build_app
@@ -79,7 +85,9 @@ def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
 
     config = worker_config(topics, app_id=app_id, bootstrap=bootstrap,
                            consumed=[s.key for s in STAGES], web_port=web_port,
-                           max_in_flight=max_in_flight, security=security)
+                           max_in_flight=max_in_flight, security=security,
+                           group_instance_id=group_instance_id,
+                           session_timeout=session_timeout)
     web_settings = api.faust_settings() if web_port is not None else {}
     periodic = periodic_tasks(sweep_interval or DEFAULT_SWEEP_INTERVAL)
     app = build_app(config, STAGES, open_pipeline_deps(dsn, queues_file, pool_size=db_pool),
@@ -124,13 +132,26 @@ def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
               show_default=True, metavar="SECONDS",
               help=f"Seconds a push webhook's body may take to arrive after its headers; "
                    f"then 408 and the connection is closed [env {ENV_WEBHOOK_READ_TIMEOUT}].")
+@click.option("--group-instance-id", envvar=ENV_CONSUMER_GROUP_INSTANCE_ID, default=None,
+              metavar="ID",
+              help=f"A static member of the consumer group under this id, unique among the "
+                   f"workers and the same across this worker's restarts (e.g. its pod's "
+                   f"name): restarted within the session timeout, it takes its partitions "
+                   f"back without a rebalance [env {ENV_CONSUMER_GROUP_INSTANCE_ID}].")
+@click.option("--session-timeout", envvar=ENV_SESSION_TIMEOUT, metavar="SECONDS",
+              type=click.FloatRange(timings.MIN_SESSION_TIMEOUT, timings.MAX_SESSION_TIMEOUT),
+              default=timings.SESSION_TIMEOUT, show_default=True,
+              help=f"How long the group waits for a silent worker before it moves its "
+                   f"partitions; a static member needs more than its restart takes "
+                   f"[env {ENV_SESSION_TIMEOUT}].")
 @click.option("--loglevel", type=click.Choice(["debug", "info", "warn", "error"]),
               default="info", show_default=True)
 @queues_option
 def worker_command(app_id: str, web_port: int, no_web: bool, api_token: str | None,
                    sweep_interval: float | None, max_in_flight: int, db_pool: int,
-                   webhook_bodies: int, webhook_read_timeout: float, loglevel: str,
-                   queues_file: Path | None) -> None:
+                   webhook_bodies: int, webhook_read_timeout: float,
+                   group_instance_id: str | None, session_timeout: float,
+                   loglevel: str, queues_file: Path | None) -> None:
     """Run every stage and reconciler in this process (scale out: start more)."""
 
     # Deferred: Faust (and aiohttp) take a while to import, and only `worker` needs them.
@@ -151,7 +172,9 @@ def worker_command(app_id: str, web_port: int, no_web: bool, api_token: str | No
                        web_port=_web_port(web_port, no_web), api_token=api_token or None,
                        sweep_interval=sweep_interval, max_in_flight=max_in_flight,
                        db_pool=db_pool, security=security, webhook_limits=WebhookLimits(
-                           bodies=webhook_bodies, read_timeout=webhook_read_timeout))
+                           bodies=webhook_bodies, read_timeout=webhook_read_timeout),
+                       group_instance_id=(group_instance_id or "").strip() or None,
+                       session_timeout=session_timeout)
     run_worker(app, loglevel=loglevel)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from streams.config.kafka_security import KafkaSecurity
 from streams.config.settings import DEFAULT_MAX_IN_FLIGHT
 from streams.config.topics import RetryPolicy, TopicsConfig, TopicSpec
+from streams.runtime import timings
 from streams.runtime.kafka import TopicRoute
 from streams.runtime.policy import Retry
 from streams.runtime.stage import Route
@@ -27,6 +28,9 @@ class WorkerConfig:
     commit_interval: float = 0.5
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT  # messages under way per stage at once
     security: KafkaSecurity = field(default_factory=KafkaSecurity)  # TLS, SASL of its clients
+    # static membership: the same id for the same worker across restarts (timings, 6.)
+    group_instance_id: str | None = None
+    session_timeout: float = timings.SESSION_TIMEOUT  # seconds
 
 
 def retry_of(policy: RetryPolicy, park_after: int | None = None) -> Retry:
@@ -39,10 +43,12 @@ def retry_of(policy: RetryPolicy, park_after: int | None = None) -> Retry:
 def worker_config(topics: TopicsConfig, *, app_id: str, bootstrap: str,
                   consumed: Iterable[str], web_port: int | None = None,
                   max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-                  security: KafkaSecurity | None = None) -> WorkerConfig:
+                  security: KafkaSecurity | None = None, group_instance_id: str | None = None,
+                  session_timeout: float = timings.SESSION_TIMEOUT) -> WorkerConfig:
     """The config of a worker consuming the topic entries ``consumed`` (e.g. ``process``,
     ``process_dlq``); it may publish to every stage topic. Its Kafka clients connect with
-    ``security``, else with what the environment asks for."""
+    ``security``, else with what the environment asks for; with a ``group_instance_id``
+    its consumers are static members of their groups."""
     specs: list[TopicSpec] = [*topics.stages.values(), *topics.dead_letters.values()]
     routes = {}
     for entry in consumed:
@@ -61,6 +67,8 @@ def worker_config(topics: TopicsConfig, *, app_id: str, bootstrap: str,
         web_port=web_port,
         max_in_flight=max_in_flight,
         security=security or KafkaSecurity.from_env(),
+        group_instance_id=group_instance_id or None,
+        session_timeout=session_timeout,
     )
 
 

@@ -29,7 +29,7 @@ from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 
 from streams.config.kafka_security import KafkaSecurity, aiokafka_conf
 from streams.runtime import headers as h
-from streams.runtime import liveness, metrics
+from streams.runtime import liveness, metrics, timings
 from streams.runtime.policy import choose_tier, tier_wake_time
 
 log = logging.getLogger("stovepipe.delay")
@@ -116,14 +116,17 @@ class DelayScheduler:
 
     def __init__(self, *, bootstrap: str, group_id: str, tiers: DelayTiers,
                  producer: AIOKafkaProducer, fetch_max_wait_ms: int = 50,
-                 security: KafkaSecurity | None = None) -> None:
+                 security: KafkaSecurity | None = None, group_instance_id: str | None = None,
+                 session_timeout: float = timings.SESSION_TIMEOUT) -> None:
         self.tiers = tiers
         self.producer = producer
         self.group_id = group_id
         self._consumer = AIOKafkaConsumer(
             **aiokafka_conf(bootstrap, security), group_id=group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", fetch_max_wait_ms=fetch_max_wait_ms,
-            max_poll_records=1000, session_timeout_ms=10_000, heartbeat_interval_ms=1_000,
+            max_poll_records=1000, heartbeat_interval_ms=int(timings.HEARTBEAT_INTERVAL * 1000),
+            # static membership in this group too, under the worker's id (ids are per group)
+            group_instance_id=group_instance_id, session_timeout_ms=int(session_timeout * 1000),
         )
         self._partitions: dict[TopicPartition, _Partition] = {}
         self._tasks: list[asyncio.Task[None]] = []

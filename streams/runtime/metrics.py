@@ -80,6 +80,11 @@ AGENT_RESTARTS = Counter(
     " (its uncommitted messages delivered again after a rebalance).",
     ["stage"],
 )
+PARTITION_ASSIGNMENTS = Counter(
+    "stovepipe_partition_assignments_total",
+    "Times the consumer group handed this worker its partitions: its first join and every "
+    "rebalance since (a static member restarted within the session timeout causes none).",
+)
 PARKED = Counter(
     "stovepipe_parked_total",
     "Reconciler messages that can never be processed, parked in PostgreSQL.",

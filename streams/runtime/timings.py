@@ -44,12 +44,26 @@ Relations (tests/test_timings.py checks each against the constants where they li
    pause one worker learned reaches the others within two tends. A loop waiting for its
    turn in a budget `budget.ANNOUNCE_AFTER` (1 s) or longer marks its row seen until its
    turn, so the sweeper (relation 3) never takes it for lost.
+7. Static membership (STOVEPIPE_CONSUMER_GROUP_INSTANCE_ID; KIP-345): a member with an
+   instance id does not leave its group when it stops, and the group keeps its partitions
+   for it until SESSION_TIMEOUT (STOVEPIPE_SESSION_TIMEOUT overrides it, between
+   MIN_SESSION_TIMEOUT and MAX_SESSION_TIMEOUT, the broker's default bounds) has passed
+   since its last heartbeat; a worker started again with the same id within it takes them
+   back without a rebalance of the other members. So the session timeout must exceed the
+   time from a worker's stop to its successor's join: on Kubernetes the pod's
+   `terminationGracePeriodSeconds` plus the startup probe's allowance (the Helm chart
+   refuses values that break this; deploy/README.md). The price: a worker removed for
+   good (scaled in, its node lost) holds its partitions that long before they move.
+   Faust wants its request timeout (REQUEST_TIMEOUT) no shorter than the session timeout.
 """
 
 from __future__ import annotations
 
 HEARTBEAT_INTERVAL = 1.0
 SESSION_TIMEOUT = 10.0
+MIN_SESSION_TIMEOUT = 6.0  # the broker's group.min.session.timeout.ms default
+MAX_SESSION_TIMEOUT = 1800.0  # the broker's group.max.session.timeout.ms default
+REQUEST_TIMEOUT = 90.0  # Faust's broker_request_timeout default
 REBALANCE_TIMEOUT = 60.0
 REVOKE_DEADLINE = 10.0
 OUTAGE_FIRST_BACKOFF = 0.5

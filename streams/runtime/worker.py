@@ -139,7 +139,9 @@ class RuntimeService(Generic[D]):
         self.delivery = Delivery(producer=producer, tiers=tiers, routes=cfg.routes,
                                  publish=self._publisher, park=park, deps=deps)
         self._scheduler = DelayScheduler(bootstrap=cfg.bootstrap, group_id=f"{cfg.app_id}-delay",
-                                         tiers=tiers, producer=producer, security=cfg.security)
+                                         tiers=tiers, producer=producer, security=cfg.security,
+                                         group_instance_id=cfg.group_instance_id,
+                                         session_timeout=cfg.session_timeout)
         await self._scheduler.start()
         self._timers = [asyncio.create_task(run_periodically(t, deps, self._publisher),
                                             name=f"periodic-{t.name}")
@@ -172,9 +174,12 @@ def build_app(config: WorkerConfig, stages: Sequence[Stage[Any]], open_deps: Ope
         "topic_disable_leader": True,
         "consumer_auto_offset_reset": "earliest",
         "broker_commit_interval": config.commit_interval,
-        # a worker killed without leaving its group holds its partitions until the
-        # session times out; 10 s bounds that stall after a crash
-        "broker_session_timeout": timings.SESSION_TIMEOUT,
+        # a worker killed without leaving its group — or any static member stopped —
+        # holds its partitions until the session times out: 10 s bounds that stall after
+        # a crash by default; a static member's is longer (timings, relation 7)
+        "broker_session_timeout": config.session_timeout,
+        "broker_request_timeout": max(timings.REQUEST_TIMEOUT, config.session_timeout),
+        "consumer_group_instance_id": config.group_instance_id,
         "broker_heartbeat_interval": timings.HEARTBEAT_INTERVAL,
         "broker_rebalance_timeout": timings.REBALANCE_TIMEOUT,
         # a rebalance does not wait for the messages under way to finish (a handler may
@@ -198,6 +203,11 @@ def build_app(config: WorkerConfig, stages: Sequence[Stage[Any]], open_deps: Ope
         await runtime.revoke(revoked)
 
     app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
+
+    async def on_assigned(app: Any, assigned: set[Any], **kwargs: Any) -> None:
+        metrics.PARTITION_ASSIGNMENTS.inc()
+
+    app.on_partitions_assigned.connect(on_assigned)  # type: ignore[arg-type]
 
     for stage in stages:
         route = config.topics[stage.key]
