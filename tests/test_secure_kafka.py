@@ -32,6 +32,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from contract import TopicKey
+from streams.config import kafka_access
 from streams.config import kafka_security as ks
 from streams.config.settings import ENV_KAFKA_BOOTSTRAP, REPO_ROOT
 from streams.devstack.postgres import verify_full_dsn
@@ -325,6 +326,6 @@ def test_oauthbearer_through_oidc_for_both_clients(secure: ThrowawayStack,
 
     wrong = oauth("not-the-secret")
     with pytest.raises(ks.KafkaAccessError, match="refused authentication as OAUTHBEARER"):
-        ks.check_librdkafka_access(bootstrap, wrong, timeout=REFUSED_WITHIN)
+        kafka_access.check_librdkafka_access(bootstrap, wrong, timeout=REFUSED_WITHIN)
     with pytest.raises(ks.KafkaAccessError, match="HTTP 401"):
-        asyncio.run(ks.check_aiokafka_access(bootstrap, wrong, connect_within=10))
+        asyncio.run(kafka_access.check_aiokafka_access(bootstrap, wrong, connect_within=10))

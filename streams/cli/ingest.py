@@ -24,7 +24,8 @@ import click
 
 from store import Database
 from streams.cli.common import CONNECT_DEADLINE, open_db, queues_option, run_async, settings
-from streams.config.kafka_security import KafkaSecurity, check_aiokafka_access
+from streams.config.kafka_access import check_aiokafka_access
+from streams.config.kafka_security import KafkaSecurity
 from streams.config.queues import (
     Extensions,
     InvalidQueueName,

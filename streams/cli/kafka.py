@@ -32,11 +32,11 @@ from confluent_kafka.admin import AdminClient
 
 from contract import TopicKey
 from streams.config import settings as settings_mod
+from streams.config.kafka_access import check_librdkafka_access
 from streams.config.kafka_security import (
     KafkaAccessError,
     KafkaSecurity,
     KafkaSecurityError,
-    check_librdkafka_access,
     librdkafka_conf,
 )
 from streams.config.settings import DEFAULT_APP_ID, ENV_APP_ID

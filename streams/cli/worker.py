@@ -23,11 +23,11 @@ from streams.cli.failures import (
     postgres_unreachable,
 )
 from streams.cli.kafka import kafka_security_or_fail
+from streams.config.kafka_access import check_aiokafka_access
 from streams.config.kafka_security import (
     KafkaAccessError,
     KafkaSecurity,
     aiokafka_conf,
-    check_aiokafka_access,
 )
 from streams.config.queues import QueueConfigError, load_queues
 from streams.config.settings import (

@@ -6,7 +6,7 @@
 
 from .common import DevStackError, ServiceStatus, ServiceUp
 from .env import ENV_DEV_KAFKA_CONTROLLER_PORT, ENV_DEV_KAFKA_PORT, ENV_DEV_POSTGRES_PORT
-from .kafka import KAFKA_VERSION
+from .kafka_install import KAFKA_VERSION
 from .postgres import postgres_root
 from .stack import Stack, ensure_up, stack_status, stop_stack
 

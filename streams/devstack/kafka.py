@@ -17,7 +17,6 @@ written through the admin API on every secure start, so a broker formatted befor
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -27,23 +26,13 @@ import string
 import subprocess
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import (
-    AdminClient,
-    ScramCredentialInfo,
-    ScramMechanism,
-    UserScramCredentialUpsertion,
-)
-
+from streams.config.kafka_access import check_librdkafka_access
 from streams.config.kafka_security import (
     KafkaAccessError,
     KafkaSecurity,
     KafkaSecurityError,
-    check_librdkafka_access,
-    librdkafka_conf,
 )
 from streams.config.settings import ENV_KAFKA_BOOTSTRAP, Settings
 
@@ -64,11 +53,22 @@ from .common import (
     terminate,
     write_text_atomic,
 )
+from .kafka_install import (
+    LABEL,
+    check_java,
+    ensure_libs,
+    find_java,
+    resource_text,
+)
+from .kafka_secure import (
+    PLAINTEXT,
+    SecureListeners,
+    ensure_scram_user,
+    sasl_ssl_security,
+    wanted_secure_listeners,
+)
 from .tls import KAFKA_USER, DevSecrets
 
-KAFKA_VERSION = "4.1.2"
-SCALA_VERSION = "2.13"
-MIN_JAVA = 17
 JVM_OPTIONS = (
     "-Xms256m",
     "-Xmx512m",
@@ -81,27 +81,17 @@ JVM_OPTIONS = (
 )
 # The storage tool runs for a second: a small heap and no C2 compiler start it faster.
 TOOL_JVM_OPTIONS = ("-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
-MAVEN_TIMEOUT = 900.0
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 30.0
-SCRAM_ITERATIONS = 8192
 MAIN_CLASS = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
-LABEL = f"Kafka {KAFKA_VERSION}"
 
-PLAINTEXT = KafkaSecurity()  # the dev broker's own listener, whatever the environment says
 
-_INSTALL_JAVA = "apt-get update && apt-get install -y openjdk-17-jre-headless"
-_INSTALL_MAVEN = "apt-get update && apt-get install -y maven"
 
 # librdkafka logs every refused connection; a probe must stay silent.
 _SILENT = logging.getLogger("streams.devstack.kafka.probe")
 _SILENT.addHandler(logging.NullHandler())
 _SILENT.propagate = False
-
-
-def _resource(name: str) -> str:
-    return resources.files("streams.devstack").joinpath(name).read_text()
 
 
 @dataclass(frozen=True)
@@ -141,120 +131,8 @@ def kafka_paths(settings: Settings) -> KafkaPaths:
     return KafkaPaths(settings.home / "dev" / "kafka")
 
 
-def cache_dir(settings: Settings) -> Path:
-    return settings.home / "cache" / f"kafka-{KAFKA_VERSION}"
-
-
-def libs_dir(settings: Settings) -> Path:
-    return cache_dir(settings) / "libs"
-
-
 def local_bootstrap() -> str:
     return f"127.0.0.1:{env.kafka_port()}"
-
-
-# --- the jars --------------------------------------------------------------------------
-
-
-def _libs_cached(cache: Path, pom_digest: str) -> bool:
-    marker = cache / ".complete"
-    try:
-        recorded = marker.read_text().strip()
-    except OSError:
-        return False
-    return recorded == pom_digest and (
-        cache / "libs" / f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar"
-    ).is_file()
-
-
-def ensure_libs(settings: Settings, echo: Echo) -> Path:
-    """The directory of the broker's jars; runs Maven only when they are not cached yet."""
-    cache = cache_dir(settings)
-    pom_text = _resource("kafka-pom.xml")
-    digest = hashlib.sha256(pom_text.encode()).hexdigest()
-    libs = cache / "libs"
-    if _libs_cached(cache, digest):
-        return libs
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise DevStackError(
-            f"Maven (`mvn`) is not installed; it fetches {LABEL} from Maven Central once. "
-            f"Install it: {_INSTALL_MAVEN}"
-        )
-    echo(f"{LABEL}: fetching the broker from Maven Central (once; cached in {libs}) ...")
-    started = time.monotonic()
-    cache.mkdir(parents=True, exist_ok=True)
-    (cache / ".complete").unlink(missing_ok=True)
-    pom = cache / "pom.xml"
-    pom.write_text(pom_text)
-    partial = cache / "libs.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    maven_log = cache / "maven.log"
-    cmd = [mvn, "-q", "-B", "-f", str(pom), "package", f"-Dlibs.dir={partial}"]
-    try:
-        with maven_log.open("w") as out:
-            code = subprocess.run(
-                cmd, cwd=cache, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, timeout=MAVEN_TIMEOUT, check=False,
-            ).returncode
-    except subprocess.TimeoutExpired:
-        raise DevStackError(
-            f"Maven did not finish fetching {LABEL} within {MAVEN_TIMEOUT:.0f} s. "
-            f"{log_hint(maven_log)}"
-        ) from None
-    if code != 0 or not (partial / f"kafka_{SCALA_VERSION}-{KAFKA_VERSION}.jar").is_file():
-        raise DevStackError(
-            f"Maven could not fetch {LABEL} from Maven Central (`{' '.join(cmd)}` "
-            f"exited with {code}). Is Maven Central reachable? {log_hint(maven_log)}"
-        )
-    shutil.rmtree(libs, ignore_errors=True)
-    partial.rename(libs)
-    shutil.rmtree(cache / "target", ignore_errors=True)
-    write_text_atomic(cache / ".complete", digest + "\n")
-    jars = len(list(libs.glob("*.jar")))
-    echo(f"{LABEL}: {jars} jars fetched in {time.monotonic() - started:.1f} s")
-    return libs
-
-
-# --- java ------------------------------------------------------------------------------
-
-
-def find_java() -> str:
-    java_home = os.environ.get("JAVA_HOME", "").strip()
-    if java_home and os.access(Path(java_home) / "bin" / "java", os.X_OK):
-        return str(Path(java_home) / "bin" / "java")
-    java = shutil.which("java")
-    if java is None:
-        raise DevStackError(
-            f"Java is not installed; {LABEL} needs Java {MIN_JAVA} or newer. "
-            f"Install it: {_INSTALL_JAVA}"
-        )
-    return java
-
-
-def java_major(java: str) -> int | None:
-    try:
-        out = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
-    if not match:
-        return None
-    major = int(match.group(1))
-    if major == 1 and match.group(2):  # "1.8.0_392"
-        major = int(match.group(2))
-    return major
-
-
-def _check_java(java: str) -> None:
-    major = java_major(java)
-    if major is not None and major < MIN_JAVA:
-        raise DevStackError(
-            f"{java} is Java {major}; {LABEL} needs Java {MIN_JAVA} or newer. "
-            f"Install it ({_INSTALL_JAVA}) and put it first on PATH or set JAVA_HOME."
-        )
 
 
 def _java_args(libs: Path, paths: KafkaPaths) -> list[str]:
@@ -270,36 +148,6 @@ def _java_args(libs: Path, paths: KafkaPaths) -> list[str]:
 # --- configuration and storage ---------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SecureListeners:
-    """The ports of the secure listeners of a `dev up --secure` broker."""
-
-    sasl_ssl_port: int
-    ssl_port: int
-
-    @property
-    def sasl_ssl_bootstrap(self) -> str:
-        return f"127.0.0.1:{self.sasl_ssl_port}"
-
-    @property
-    def ssl_bootstrap(self) -> str:
-        return f"127.0.0.1:{self.ssl_port}"
-
-    def describe(self) -> str:
-        return (f"SASL_SSL {self.sasl_ssl_bootstrap} (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN; "
-                f"user {KAFKA_USER}), SSL with client certificates {self.ssl_bootstrap}")
-
-
-def wanted_secure_listeners() -> SecureListeners:
-    return SecureListeners(env.kafka_sasl_ssl_port(), env.kafka_ssl_port())
-
-
-def sasl_ssl_security(secrets: DevSecrets, mechanism: str = "SCRAM-SHA-512") -> KafkaSecurity:
-    """How a client authenticates on the SASL_SSL listener of the secure dev broker."""
-    return KafkaSecurity(protocol="SASL_SSL", mechanism=mechanism, username=KAFKA_USER,
-                         password=secrets.kafka_password(), ca_location=str(secrets.ca))
-
-
 def write_config(paths: KafkaPaths, kafka_port: int, controller_port: int,
                  secure: tuple[SecureListeners, DevSecrets] | None = None) -> None:
     for directory in (paths.root, paths.data, paths.logs):
@@ -309,19 +157,19 @@ def write_config(paths: KafkaPaths, kafka_port: int, controller_port: int,
         ports = secure[0]
         listeners = (f",SASL_SSL://127.0.0.1:{ports.sasl_ssl_port}"
                      f",SSL://127.0.0.1:{ports.ssl_port}")
-    config = string.Template(_resource("kafka-server.properties")).substitute(
+    config = string.Template(resource_text("kafka-server.properties")).substitute(
         kafka_port=kafka_port, controller_port=controller_port, data_dir=paths.data,
         secure_listeners=listeners,
     )
     if secure is not None:
         ports, secrets = secure
-        config += string.Template(_resource("kafka-secure.properties")).substitute(
+        config += string.Template(resource_text("kafka-secure.properties")).substitute(
             sasl_ssl_port=ports.sasl_ssl_port, ssl_port=ports.ssl_port,
             secrets_dir=secrets.root, keystore=secrets.kafka_keystore, ca=secrets.ca,
             user=KAFKA_USER, password=secrets.kafka_password())
     write_text_atomic(paths.config, config)
     paths.config.chmod(0o600)  # the PLAIN user's password
-    write_text_atomic(paths.log4j, _resource("kafka-log4j2.properties"))
+    write_text_atomic(paths.log4j, resource_text("kafka-log4j2.properties"))
 
 
 def _listener_ports(paths: KafkaPaths) -> dict[str, int]:
@@ -531,7 +379,7 @@ def ensure_kafka(settings: Settings, echo: Echo, secrets: DevSecrets | None = No
             if not port_free(wanted_port):
                 raise DevStackError(port_taken_message(wanted_port, what, env_name))
         java = find_java()
-        _check_java(java)
+        check_java(java)
         libs = ensure_libs(settings, echo)
         write_config(paths, port, controller_port,
                      (secure, secrets) if secure is not None and secrets is not None else None)
@@ -545,30 +393,12 @@ def ensure_kafka(settings: Settings, echo: Echo, secrets: DevSecrets | None = No
     listeners: tuple[tuple[str, str], ...] = ()
     running_secure = configured_secure_listeners(paths)
     if secrets is not None and running_secure is not None:
-        _ensure_scram_user(bootstrap, secrets)
+        ensure_scram_user(bootstrap, secrets)
         _wait_secure_ready(running_secure, secrets, pid, paths)
         listeners = (("SASL_SSL", running_secure.sasl_ssl_bootstrap),
                      ("SSL", running_secure.ssl_bootstrap))
     return ServiceUp("kafka", LABEL, bootstrap, action, pid, paths.server_log, paths.data,
                      listeners)
-
-
-def _ensure_scram_user(bootstrap: str, secrets: DevSecrets) -> None:
-    """The dev user's SCRAM credentials (both hashes), written over the PLAINTEXT listener;
-    idempotent."""
-    admin = AdminClient(librdkafka_conf(bootstrap, PLAINTEXT, logger=_SILENT))
-    password = secrets.kafka_password().encode()
-    try:
-        # one request per mechanism: the broker refuses two changes of a user in one
-        for mechanism in (ScramMechanism.SCRAM_SHA_512, ScramMechanism.SCRAM_SHA_256):
-            upsert = UserScramCredentialUpsertion(
-                KAFKA_USER, ScramCredentialInfo(mechanism, SCRAM_ITERATIONS), password)
-            for future in admin.alter_user_scram_credentials([upsert],
-                                                             request_timeout=30).values():
-                future.result(timeout=35)
-    except (KafkaException, TimeoutError) as exc:
-        raise DevStackError(f"Could not write the SCRAM credentials of {KAFKA_USER!r} to the "
-                            f"dev broker at {bootstrap}: {exc}") from None
 
 
 def _wait_secure_ready(listeners: SecureListeners, secrets: DevSecrets, pid: int,
