@@ -39,6 +39,7 @@ TABLES = {
     "schema_migrations",
     "notification",  # 0006: commit statuses and alerts
     "queue_health",
+    "retention_round",  # 0019: the workers' periodic pruning
 }
 
 

@@ -49,6 +49,7 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from store import DeliveryState, WebhookDelivery, parse_request_id
+from store.webhook_deliveries import KEEP_DELIVERIES
 from streams.config.queues import QueuesConfig
 from streams.config.webhooks import Provider
 from streams.runtime.logs import bounded
@@ -81,7 +82,6 @@ INGEST_DEADLINE = 15.0  # seconds to ingest every queue a push moves (then 503)
 CLAIM_WAIT = 15.0  # how long a delivery waits while another with its id is ingesting
 CLAIM_POLL = 0.1
 STALE_CLAIM = 60.0  # a claim older than this outlived its claimant's deadline: it died
-KEEP_DELIVERIES = 7 * 24 * 3600.0  # seconds a delivery id is remembered
 
 DELIVERIES = Counter(
     "stovepipe_webhook_deliveries_total",
