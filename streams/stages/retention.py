@@ -14,10 +14,11 @@ batches of at most `BATCH` rows, each its own short transaction (store.retention
    notifications, parked messages, closed pins, webhook deliveries (never younger than the
    webhooks' own week), commit descriptions nothing names.
 
-Pacing: one batch at a time on the worker's (or the command's) pool, and between two
-batches the round yields to the event loop — no sleep: the stages share the pool and the
-loop and keep their turns. A round stops once it deleted ``max_rows`` rows; the rest waits
-for the next round. A batch that meets a lock (or a pin being taken) is skipped, never
+Pacing: one batch (about `BATCH` rows) at a time on the worker's (or the command's) pool,
+and between two batches the round yields to the event loop — no sleep: the stages share
+the pool and the loop and keep their turns. A round stops once it deleted ``max_rows``
+rows (its last batches shrink to fit, give or take a Request's rows); the rest waits for
+the next round. A batch that meets a lock (or a pin being taken) is skipped, never
 waited for, and found again by the next round.
 
 Invariant: what a round deletes is older than its cutoff and named by nothing that stays;
@@ -48,7 +49,10 @@ from streams.stages.retention_rules import Keep, Policy
 log = logging.getLogger("stovepipe.retention")
 
 LOCK = "retention"  # one round at a time, across workers and `stovepipe prune`
-BATCH = 1000  # rows of one table read, and at most deleted, per batch
+BATCH = 1000  # rows one batch deletes (about): one table's, or Requests' with their rows
+# a Request goes with its ingest mapping and usually a build, a fact and a notification:
+# a batch of Requests is BATCH // ROWS_PER_REQUEST of them
+ROWS_PER_REQUEST = 5
 REQUEST_TABLES = ("request", "validation_fact", "project_answer", "request_plan", "build",
                   "command_build", "request_uri")
 TABLES = (*REQUEST_TABLES, "culprit_search", "greenness_change", *WALKED_TABLES)
@@ -101,6 +105,12 @@ class _Round:
             return True
         return False
 
+    def _room(self) -> int:
+        """Rows the next batch may delete: `batch`, or what is left of ``max_rows``."""
+        if self.max_rows is None:
+            return self.batch
+        return max(1, min(self.batch, self.max_rows - self.report.total))
+
     async def _counted(self, counts: Mapping[str, int] | None) -> None:
         """A batch done (None: skipped); then the stages' turn."""
         self.report.batches += 1
@@ -135,7 +145,7 @@ class _Round:
         for queue in family.members:
             gone = [s.red_request_id for s in holdings.searches
                     if s.queue == queue and not rules.search_stays(s, self.cutoff)]
-            for chunk in _chunks(gone, self.batch):
+            for chunk in _chunks(gone, self._room()):
                 await self._counted(_one("culprit_search", await self.store.delete_searches(
                     queue, chunk, self.cutoff, dry_run=self.dry_run)))
         held = rules.protected(holdings, self.cutoff)
@@ -146,7 +156,8 @@ class _Round:
     async def _requests(self, family: Family, queue: str, held: rules.Protected) -> None:
         rank: Sequence[int] | None = None
         while not self.full:
-            rows = await self.store.requests_after(queue, rank, self.batch)
+            limit = max(1, self._room() // ROWS_PER_REQUEST)
+            rows = await self.store.requests_after(queue, rank, limit)
             if not rows:
                 return
             rank = rows[-1][1]
@@ -155,7 +166,7 @@ class _Round:
                 if rules.walk_ends(request, self.cutoff):
                     break
                 requests.append(request)
-            ended = len(requests) < len(rows) or len(rows) < self.batch
+            ended = len(requests) < len(rows) or len(rows) < limit
             answered = await self._answered(queue, requests)
             doomed = []
             for request in requests:
@@ -182,10 +193,11 @@ class _Round:
         before = rules.greenness_delete_before(*await self.store.greenness_bounds(queue,
                                                                                   cutoff))
         while before is not None and not self.full:
-            deleted = await self.store.delete_greenness(queue, before, self.batch,
+            limit = self._room()
+            deleted = await self.store.delete_greenness(queue, before, limit,
                                                         dry_run=self.dry_run)
             await self._counted(_one("greenness_change", deleted))
-            if self.dry_run or deleted is None or deleted < self.batch:
+            if self.dry_run or deleted is None or deleted < limit:
                 return
 
     async def _walk(self, table: str) -> None:
@@ -194,7 +206,8 @@ class _Round:
             cutoff = min(cutoff, self.now - timedelta(seconds=KEEP_DELIVERIES))
         after: tuple[Any, ...] | None = None
         while not self.full:
-            rows = await self.store.walk(table, after, cutoff, self.batch)
+            limit = self._room()
+            rows = await self.store.walk(table, after, cutoff, limit)
             if not rows:
                 return
             after = rows[-1].key
@@ -207,7 +220,7 @@ class _Round:
             if doomed:
                 await self._counted(_one(table, await self.store.delete_walked(
                     table, doomed, cutoff, dry_run=self.dry_run)))
-            if len(past) < len(rows) or len(rows) < self.batch:
+            if len(past) < len(rows) or len(rows) < limit:
                 return
 
 
