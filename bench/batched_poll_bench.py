@@ -44,7 +44,7 @@ TOKEN_ENV = "STOVEPIPE_BENCH_BUILDKITE_TOKEN"
 
 
 async def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
-    budget_mod._BUDGETS.clear()
+    budget_mod.forget_all()
     snapshots._SNAPSHOTS.clear()
     names = [f"p{n}" for n in range(args.pipelines)]
     fake = FakeBuildkite(TOKEN, pipeline=names[0], more_pipelines=tuple(names[1:]),
@@ -60,13 +60,7 @@ async def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
             name = names[n % len(names)]
             uri = git_uri("/r", "main", f"{n:040x}")
             # created straight on the server: the triggers are not what is measured
-            number = len(fake.builds) + 1
-            fake.builds[number] = {
-                "id": f"b{number}", "number": number, "state": "running",
-                "blocked": False, "commit": uri[-40:], "branch": "main", "pipeline": name,
-                "message": "", "env": {}, "meta_data": {}, "source": "api", "jobs": [],
-                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "web_url": ""}
+            number = fake.add_build(uri[-40:], pipeline=name, state="running")
             ids.append(f"bk-acme/{name}/{number}")
         window = args.minutes * 60
         rng = random.Random(7)

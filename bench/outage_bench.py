@@ -14,6 +14,8 @@ service was away, and the worker's outage retries.
     python bench/outage_bench.py --service kafka --minutes 10
     python bench/outage_bench.py --service postgres --minutes 10
     python bench/outage_bench.py --service ci --minutes 10 [--poll 10]
+    python bench/outage_bench.py --service ci --congestion [--builds 8] [--queued 100]
+        [--runs 50] [--deadline 120] [--poll SECONDS]
 
 ``--service ci``: queues on a Buildkite organization played by a local HTTP server that
 implements Buildkite's builds API (tests/hosted_ci.py), their builds running; the API then
@@ -22,6 +24,16 @@ and nothing at all (every request times out) for the last, while the builds fini
 pass, one fails). It prints every Request's outcome against its build's, how many API calls
 each build's poll loop made per minute during the outage (the healthy loop's rate is 60 /
 the poll delay), and how long after the API came back every Request was terminal.
+
+``--service ci --congestion`` (issue 23): no outage, a congested CI. ``--builds`` queues on
+the same local Buildkite; every build waits ``--queued`` seconds for an agent (``scheduled``)
+and then runs ``--runs`` seconds (``running``, Buildkite's ``started_at`` set when it
+starts), under ``poll_deadline: --deadline`` — queued longer than the deadline minus its run
+time, so a deadline counted from the trigger would end it before it ends. One build fails,
+one hangs (runs for ever), the rest pass. Polls at the shipped delays unless ``--poll`` is
+given. It prints every Request's outcome against its build's end, how long each build was
+queued and ran, the number of red facts on passing builds (must be 0), and the API calls
+per build per minute.
 """
 
 from __future__ import annotations
@@ -76,9 +88,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--service", choices=["kafka", "postgres", "ci"], default="kafka")
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--poll", type=float, default=10.0,
-                        help="--service ci: the queues' poll_delay_running, seconds")
+    parser.add_argument("--poll", type=float, default=None,
+                        help="--service ci: the queues' poll delays, seconds (default: 10 "
+                             "for an outage, the shipped delays for --congestion)")
+    parser.add_argument("--congestion", action="store_true",
+                        help="--service ci: a congested CI instead of an outage")
+    parser.add_argument("--builds", type=int, default=8,
+                        help="--congestion: builds (queues), at least 3")
+    parser.add_argument("--queued", type=float, default=100.0,
+                        help="--congestion: seconds each build waits for an agent")
+    parser.add_argument("--runs", type=float, default=50.0,
+                        help="--congestion: seconds each build runs")
+    parser.add_argument("--deadline", type=float, default=120.0,
+                        help="--congestion: the queues' poll_deadline, seconds")
     args = parser.parse_args()
+    if args.congestion and (args.service != "ci" or args.builds < 3):
+        parser.error("--congestion needs --service ci and --builds 3 or more")
     outage = args.minutes * 60
 
     root = Path(tempfile.mkdtemp(prefix="outage-bench-"))
@@ -96,8 +121,11 @@ def main() -> None:
         (root / "pipeline").mkdir()
         pipeline = Pipeline(bootstrap=stack.bootstrap, dsn=dsn, prefix="bench.",
                             root=root / "pipeline")
+        if args.congestion:
+            _ci_congestion(pipeline, root, args)
+            return
         if args.service == "ci":
-            _ci_outage(pipeline, root, outage, args.poll)
+            _ci_outage(pipeline, root, outage, args.poll or 10.0)
             return
         refs = {f"o{i}": pipeline.add_queue(f"o{i}", poll_deadline="1h")
                 for i in range(QUEUES)}
@@ -168,16 +196,10 @@ def _ci_outage(pipeline: Pipeline, root: Path, outage: float, poll: float) -> No
     """The hosted CI down for ``outage`` seconds while every queue's build runs."""
     fake = FakeBuildkite(CI_TOKEN)
     with fake.in_thread():
-        shas = {}
-        for n in range(CI_QUEUES):
-            work = root / f"repo{n}"
-            work.mkdir()
-            _git(work, "init", "-q")
-            (work / "app.txt").write_text(f"{n}\n")
-            _git(work, "add", "app.txt")
-            _git(work, "commit", "-q", "-m", f"c{n}")
-            shas[f"ci{n}"] = _git(work, "rev-parse", "HEAD")
-            pipeline.add_raw_queue(f"ci{n}", {
+        repos = _ci_repos(root, CI_QUEUES, "ci")
+        shas = {queue: sha for queue, (_, sha) in repos.items()}
+        for queue, (work, _) in repos.items():
+            pipeline.add_raw_queue(queue, {
                 "source_control": {"kind": "git", "repository": str(work), "ref": "main"},
                 "build_runner": {"kind": "buildkite", "organization": "acme",
                                  "pipeline": "monorepo", "token_env": CI_TOKEN_ENV,
@@ -247,6 +269,97 @@ def _ci_outage(pipeline: Pipeline, root: Path, outage: float, poll: float) -> No
         print(f"  every Request terminal {settled:.1f}s after the CI came back")
         print(f"  builds triggered: {len(fake.requests('POST'))} (one per Request: "
               f"{CI_QUEUES})")
+
+
+def _ci_repos(root: Path, count: int, prefix: str) -> dict[str, tuple[Path, str]]:
+    """``count`` git repositories of one commit each: queue name -> (path, head sha)."""
+    repos = {}
+    for n in range(count):
+        work = root / f"repo-{prefix}{n}"
+        work.mkdir()
+        _git(work, "init", "-q")
+        (work / "app.txt").write_text(f"{n}\n")
+        _git(work, "add", "app.txt")
+        _git(work, "commit", "-q", "-m", f"c{n}")
+        repos[f"{prefix}{n}"] = (work, _git(work, "rev-parse", "HEAD"))
+    return repos
+
+
+def _ci_congestion(pipeline: Pipeline, root: Path, args: argparse.Namespace) -> None:
+    """Builds queued for an agent longer than their poll deadline minus their run time."""
+    queued, runs, deadline = args.queued, args.runs, args.deadline
+    fake = FakeBuildkite(CI_TOKEN)
+    fake.plan_new_builds(queued=queued, runs=runs)
+    delays = ({"poll_delay_queued": f"{args.poll:g}s", "poll_delay_running": f"{args.poll:g}s"}
+              if args.poll else {})
+    with fake.in_thread():
+        repos = _ci_repos(root, args.builds, "cg")
+        for queue, (work, _) in repos.items():
+            pipeline.add_raw_queue(queue, {
+                "source_control": {"kind": "git", "repository": str(work), "ref": "main"},
+                "build_runner": {"kind": "buildkite", "organization": "acme",
+                                 "pipeline": "monorepo", "token_env": CI_TOKEN_ENV,
+                                 "api_url": fake.url},
+                "poll_deadline": f"{deadline:g}s", "retry": {"unvalidated": 0}, **delays})
+        port = free_ports(1)[0]
+        pipeline.start_worker(web_port=port, env={CI_TOKEN_ENV: CI_TOKEN})
+        wait_until(lambda: _get(port, "/health")[0] == 200, timeout=120, what="the worker")
+        print(f"{args.builds} builds, each queued {queued:g}s for an agent then running "
+              f"{runs:g}s, poll_deadline {deadline:g}s, polls "
+              f"{f'every {args.poll:g}s' if args.poll else 'at the shipped delays'}",
+              flush=True)
+        began = time.time()
+        ids = {q: pipeline.ingest(q) for q in repos}
+
+        def number(sha: str) -> int:
+            builds = fake.builds_of(sha)
+            return int(builds[0]["number"]) if builds else 0
+
+        wait_until(lambda: all(number(sha) for _, sha in repos.values()), timeout=120,
+                   what="a build of every head")
+        numbers = {q: number(sha) for q, (_, sha) in repos.items()}
+        ends = {q: "passes" for q in repos}
+        ends["cg0"], ends["cg1"] = "fails", "hangs"
+        fake.plan(numbers["cg0"], queued=queued, runs=runs, ends="failed")
+        fake.plan(numbers["cg1"], queued=queued, runs=10 ** 9)  # runs for ever
+        pipeline.wait_quiet(timeout=queued + deadline + 900)
+        ended = time.time()
+
+    wanted = {"passes": ("succeeded", "green"), "fails": ("failed", "red"),
+              "hangs": ("failed", "red")}
+    rows = {rid: (state, verdict, reason) for rid, state, verdict, reason in pipeline.query(
+        "SELECT id, state, verdict, reason FROM request")}
+    timing = {rid: (q, r) for rid, q, r in pipeline.query(
+        "SELECT request_id, EXTRACT(EPOCH FROM started_at - created_at)::float8,"
+        " EXTRACT(EPOCH FROM updated_at - started_at)::float8 FROM build")}
+    facts = dict(pipeline.query("SELECT request_id, degree FROM validation_fact"))
+    print(f"\n{'queue':6} {'build':7} {'queued':>7} {'ran':>7}  outcome")
+    wrong = []
+    for queue, rid in ids.items():
+        state, verdict, reason = rows[rid]
+        was_queued, ran = timing.get(rid, (None, None))
+        ok = (state, verdict) == wanted[ends[queue]]
+        wrong += [] if ok else [rid]
+        print(f"{queue:6} {ends[queue]:7} {_secs(was_queued):>7} {_secs(ran):>7}  {state} "
+              f"{verdict or '(no verdict)'}{'' if ok else '  <- NOT AS ITS BUILD ENDED'}"
+              f"{'  (' + reason[:70] + ')' if reason and verdict != 'green' else ''}")
+    passing = [ids[q] for q, e in ends.items() if e == "passes"]
+    red_on_passing = sum(1 for rid in passing if facts.get(rid) == 1)
+    polls = [s.at for s in fake.requests("GET")]
+    minutes = (ended - began) / 60
+    per_minute = [sum(1 for at in polls if m <= at < m + 60) / args.builds
+                  for m in _minutes(began, ended)]
+    print(f"\nevery Request ended as its build ended: {wrong or 'yes'} "
+          f"({', '.join(f'{n} {s}' for s, n in _counts(pipeline.states()).items())})")
+    print(f"red facts on passing builds: {red_on_passing} of {len(passing)}")
+    print(f"API calls per build per minute: {len(polls) / args.builds / minutes:.2f} "
+          f"({len(polls)} GETs in {minutes:.1f} min for {args.builds} builds), the busiest "
+          f"minute {max(per_minute, default=0):.2f}; triggers {len(fake.requests('POST'))}, "
+          f"cancels {len(fake.requests('PUT'))}")
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}s"
 
 
 def _minutes(start: float, stop: float) -> list[float]:

@@ -158,12 +158,14 @@ class BuildStore(Store):
                                   actual_version=None)
         return _build(row)
 
-    async def touch_loop(self, queue: str, build_id: str) -> None:
-        """Mark the build's poll loop seen now (the sweeper, after re-publishing it)."""
+    async def touch_loop(self, queue: str, build_id: str, *, quiet: float = 0.0) -> None:
+        """Mark the build's poll loop seen now, or ``quiet`` seconds from now (see
+        `claim_loop`): the sweeper after re-publishing it, a poll waiting for its turn in
+        a rate budget."""
         await self._fetch_one(
-            "UPDATE build SET loop_seen_at = now() WHERE queue = %(queue)s AND id = %(id)s"
-            " RETURNING id",
-            {"queue": queue, "id": build_id},
+            "UPDATE build SET loop_seen_at = now() + make_interval(secs => %(quiet)s)"
+            " WHERE queue = %(queue)s AND id = %(id)s RETURNING id",
+            {"queue": queue, "id": build_id, "quiet": max(0.0, quiet)},
             key={"queue": queue, "id": build_id},
         )
 

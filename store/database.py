@@ -27,12 +27,16 @@ from store._base import ConnectionSource
 from store.builds import BuildStore
 from store.command_builds import CommandBuildStore
 from store.counters import CounterStore
+from store.credential_pauses import CredentialPauseStore
 from store.culprits import CommitInfoStore, CulpritSearchStore
 from store.facts import FactStore
 from store.ingest_leases import IngestLeaseStore
 from store.notifications import NotificationStore
 from store.parked import ParkedStore
 from store.pins import PinStore
+from store.project_answers import ProjectAnswerStore
+from store.project_pins import ProjectPinStore
+from store.project_views import ProjectViewStore
 from store.projects import ProjectStore
 from store.queues import QueueStore
 from store.request_uris import RequestUriStore
@@ -60,11 +64,15 @@ class Stores:
         self.notifications = NotificationStore(source)
         self.ingest_leases = IngestLeaseStore(source)
         self.worker_hosts = WorkerHostStore(source)
+        self.credential_pauses = CredentialPauseStore(source)
         self.culprit_searches = CulpritSearchStore(source)
         self.commit_infos = CommitInfoStore(source)
         self.pins = PinStore(source)
         self.projects = ProjectStore(source)
         self.retention = RetentionStore(source)
+        self.project_answers = ProjectAnswerStore(source)
+        self.project_pins = ProjectPinStore(source)
+        self.project_views = ProjectViewStore(source)
 
 
 class _PoolSource:

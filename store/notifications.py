@@ -68,8 +68,9 @@ _COLUMNS = "id, queue, key, channel, stream, event, attempts, created_at, outcom
 _ADD_STATUS = _sql("""
 INSERT INTO notification (queue, key, channel, stream, event)
 SELECT %(queue)s, 'status:' || ch || ':' || %(request_id)s || ':final', ch, %(request_id)s,
-       jsonb_build_object('kind', 'status', 'state', %(state)s, 'request_id', %(request_id)s,
-                          'uri', %(uri)s, 'description', %(description)s, 'at', now())
+       jsonb_build_object('kind', 'status', 'state', %(state)s::text,
+                          'request_id', %(request_id)s::text, 'uri', %(uri)s::text,
+                          'description', %(description)s::text, 'at', now())
   FROM unnest(%(channels)s::text[]) AS ch
 ON CONFLICT (queue, key) DO NOTHING
 """)
@@ -90,6 +91,15 @@ UPDATE notification n
   FROM due WHERE n.queue = due.queue AND n.key = due.key
 RETURNING n.id, n.queue, n.key, n.channel, n.stream, n.event, n.attempts, n.created_at,
           n.outcome, n.last_error
+""")
+
+_POSTPONE = _sql("""
+UPDATE notification n
+   SET due_at = now() + p.delay * interval '1 second', attempts = n.attempts - 1
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::float8[])
+       AS p(id, attempts, delay)
+ WHERE n.id = p.id AND n.attempts = p.attempts AND n.attempts > 0 AND n.done_at IS NULL
+RETURNING n.id
 """)
 
 # Judged per configured queue. The bookmark is behind the branch from when both a newer
@@ -211,6 +221,16 @@ class NotificationStore(Store):
             {"queue": notification.queue, "key": notification.key, "delay": delay,
              "error": error[:ERROR_LIMIT], "attempts": notification.attempts},
             key={"queue": notification.queue, "key": notification.key})
+
+    async def postpone(self, rows: Sequence[tuple[Notification, float]]) -> None:
+        """Hand claimed rows back, each due again after its delay (seconds), as if never
+        claimed: the claim's attempt is not counted — unless another sender claimed the
+        row since (its lease ran out). One statement."""
+        if not rows:
+            return
+        await self._fetch_all(_POSTPONE, {
+            "ids": [row.id for row, _ in rows], "attempts": [row.attempts for row, _ in rows],
+            "delays": [delay for _, delay in rows]}, key={})
 
     async def give_up(self, notification: Notification, error: str) -> None:
         await self._fetch_all(

@@ -4,7 +4,9 @@ checking its own conditions as it writes, like `store.statements`.
 A Request R of a queue with projects plans its projects once (PLAN): for each affected
 project a Request of the project's scope, numbered as R (`request/<queue>#<p>/<n>`),
 admitted at once (it takes its scope's slot, so the scope's culprit probes wait for it as
-a queue's wait for its heads); for each unaffected project its inherited answer. R is
+a queue's wait for its heads), with its `pending` commit status; for each unaffected
+project its inherited answer, and — for the projects configured so — a final commit
+status saying what it inherits, keyed as the project's Request would have been. R is
 decided from its projects' answers once every planned project has one or ended without a
 verdict (COMPLETE): R settles as one statement settles a build's Request (its slot
 released).
@@ -84,7 +86,21 @@ WITH parent AS (
                   %(source_uris)s::text[]) AS i(project, degree, source_request_id, source_uri)
       CROSS JOIN parent p
      WHERE EXISTS (SELECT 1 FROM plan)
-    RETURNING project
+    RETURNING project, uri, degree, source_request_id, source_uri
+), unaffected_statuses AS (  /* what an unaffected project inherits, as its final status */
+    INSERT INTO notification (queue, key, channel, stream, event)
+    SELECT %(queue)s || '#' || i.project, 'status:' || s.channel || ':' || s.stream || ':final',
+           s.channel, s.stream,
+           jsonb_build_object('kind', 'status',
+                              'state', CASE WHEN i.degree = 0 THEN 'success' ELSE 'failure' END,
+                              'request_id', i.source_request_id, 'uri', i.uri,
+                              'inherited_from', i.source_uri, 'head_request_id', p.id,
+                              'at', now())
+      FROM inherited i CROSS JOIN parent p
+      JOIN unnest(%(unaffected_projects)s::text[], %(unaffected_channels)s::text[],
+                  %(unaffected_streams)s::text[]) AS s(project, channel, stream)
+        ON s.project = i.project
+    ON CONFLICT (queue, key) DO NOTHING
 ), pending AS (
     INSERT INTO notification (queue, key, channel, stream, event)
     SELECT c.queue, 'status:' || s.channel || ':' || c.id || ':pending', s.channel, c.id,

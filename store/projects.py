@@ -100,6 +100,17 @@ class Child:
 
 
 @dataclass(frozen=True)
+class UnaffectedStatus:
+    """An unaffected project's final commit status at a head: to ``channel`` of its
+    scope, in ``stream`` (the id its Request would have had at that head, so its key
+    never meets another's)."""
+
+    project: str
+    channel: str
+    stream: str
+
+
+@dataclass(frozen=True)
 class Completed:
     """What completing a Request did: whether its plan is decided now (by this call or
     before, the Request ended meanwhile), and the Request if this call settled it."""
@@ -145,15 +156,18 @@ class ProjectStore(Store):
                    backstop: bool, rules_unaffected: Sequence[str],
                    children: Sequence[Child],
                    inherited: Mapping[str, ProjectBase],
-                   status_channels: Mapping[str, Sequence[str]]) -> bool:
+                   status_channels: Mapping[str, Sequence[str]],
+                   unaffected_statuses: Sequence[UnaffectedStatus] = ()) -> bool:
         """Write ``request``'s plan, its children (admitted, each taking its scope's slot)
         and its inherited answers, in one statement — only while the Request is
         `processing` and has no plan yet. False when it wrote nothing (another delivery
         planned first, or the Request ended). ``status_channels`` by scope: where each
-        child's `pending` status goes."""
+        child's `pending` status goes; ``unaffected_statuses``: the final statuses saying
+        what an inherited project inherits (written only with its answer)."""
         projects = list(inherited)
         status = [(scope, channel) for scope, channels in status_channels.items()
                   for channel in channels]
+        unaffected = [(u.project, u.channel, u.stream) for u in unaffected_statuses]
         row = await self._fetch_one(PLAN, {
             "queue": request.queue, "request_id": request.id, "affected": list(affected),
             "reason": reason, "backstop": backstop,
@@ -166,6 +180,9 @@ class ProjectStore(Store):
             "sources": [inherited[p].request_id for p in projects],
             "source_uris": [inherited[p].uri for p in projects],
             "status_scopes": [s for s, _ in status], "status_channels": [c for _, c in status],
+            "unaffected_projects": [p for p, _, _ in unaffected],
+            "unaffected_channels": [c for _, c, _ in unaffected],
+            "unaffected_streams": [s for _, _, s in unaffected],
         }, key={"queue": request.queue, "id": request.id},
             request_key={"queue": request.queue, "id": request.id})
         assert row is not None

@@ -1,5 +1,6 @@
 """WorkerHostStore: each worker's own heartbeat, and since when it has heartbeaten without a
-gap (migration 0008).
+gap (migration 0008); and each worker *process*'s heartbeat, from which the workers count
+each other to share the hosted APIs' budgets (migration 0013).
 
 Evidence for declaring a host lost (design §6: a database outage is never evidence that a
 host died). A host whose builds stopped heartbeating may be dead — or the database may
@@ -11,6 +12,8 @@ the owners have a full host timeout to heartbeat again before anyone may judge t
 """
 
 from __future__ import annotations
+
+from typing import LiteralString
 
 from store._base import Store
 
@@ -41,11 +44,47 @@ class WorkerHostStore(Store):
         assert row is not None
         return float(row["up_for"])
 
-    async def count_alive(self, within: float) -> int:
-        """Hosts whose worker heartbeat within the last ``within`` seconds: the workers a
-        shared budget is divided among (`streams.extensions.budget`)."""
-        row = await self._fetch_one(
-            "SELECT count(*) AS alive FROM worker_host"
-            " WHERE heartbeat_at >= now() - make_interval(secs => %(within)s)",
-            {"within": within}, key={})
-        return int(row["alive"]) if row is not None else 0
+    async def beat_process(self, process: str, host: str, within: float) -> int:
+        """Record a heartbeat of worker process ``process`` (on ``host``) now, and count
+        the live workers: processes heartbeaten within the last ``within`` seconds (this
+        one included), plus each live host with no live process row — a worker of an
+        earlier version, which heartbeats only its host. One statement; rows of processes
+        silent for `FORGET_PROCESS_AFTER` are deleted by it."""
+        row = await self._fetch_one(_BEAT_PROCESS, {
+            "process": process, "host": host, "within": within,
+            "forget": FORGET_PROCESS_AFTER}, key={"process": process})
+        assert row is not None
+        return int(row["alive"])
+
+
+FORGET_PROCESS_AFTER = 3600.0  # seconds of silence after which a process row is deleted
+
+# The statement's own insert is not visible to its reads (one snapshot): this process is
+# counted as the 1, and its host's own row is left out (an earlier-version worker sharing
+# this host and home is therefore not counted).
+def _sql(text: LiteralString) -> LiteralString:
+    return " ".join(text.split())
+
+
+_BEAT_PROCESS = _sql("""
+WITH beat AS (
+    INSERT INTO worker_process AS p (id, host) VALUES (%(process)s, %(host)s)
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+    RETURNING p.id
+), forgotten AS (
+    DELETE FROM worker_process
+     WHERE heartbeat_at < now() - make_interval(secs => %(forget)s) AND id <> %(process)s
+    RETURNING id
+)
+SELECT 1
+     + (SELECT count(*) FROM worker_process p
+         WHERE p.heartbeat_at >= now() - make_interval(secs => %(within)s)
+           AND p.id <> %(process)s)
+     + (SELECT count(*) FROM worker_host h
+         WHERE h.heartbeat_at >= now() - make_interval(secs => %(within)s)
+           AND h.host <> %(host)s
+           AND NOT EXISTS (SELECT 1 FROM worker_process p
+                            WHERE p.host = h.host
+                              AND p.heartbeat_at >= now() - make_interval(secs => %(within)s)))
+       AS alive
+""")

@@ -46,6 +46,7 @@ class Behaviour:
     status: int | None = None
     retry_after: str | None = None
     hang: bool = False
+    latency: float = 0.0  # seconds every answer takes
 
 
 @dataclass
@@ -55,6 +56,8 @@ class FakeServices:
     received: list[Received] = field(default_factory=list)
     behaviour: dict[str, Behaviour] = field(default_factory=dict)
     port: int = 0
+    in_flight: dict[str, int] = field(default_factory=dict)  # requests being answered
+    most_in_flight: dict[str, int] = field(default_factory=dict)  # the most at once
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -101,6 +104,18 @@ class FakeServices:
                       normal: web.Response) -> web.Response:
         with self._lock:
             behaviour = self.behaviour.get(service, Behaviour())
+            self.in_flight[service] = now = self.in_flight.get(service, 0) + 1
+            self.most_in_flight[service] = max(self.most_in_flight.get(service, 0), now)
+        try:
+            return await self._answer_as(service, behaviour, normal)
+        finally:
+            with self._lock:
+                self.in_flight[service] -= 1
+
+    async def _answer_as(self, service: str, behaviour: Behaviour,
+                         normal: web.Response) -> web.Response:
+        if behaviour.latency:
+            await asyncio.sleep(behaviour.latency)
         if behaviour.hang:
             await self._released.wait()
         if behaviour.status is not None:

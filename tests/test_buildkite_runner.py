@@ -9,7 +9,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from email.utils import formatdate
 from pathlib import Path
 from typing import Any
@@ -21,18 +21,22 @@ from store.entities import BuildStatus
 from streams.config.queues import QueueConfigError, load_queues, make_build_runner
 from streams.extensions.buildrunner import BuildRunner, BuildRunnerError
 from streams.extensions.buildrunner.buildkite import (
-    STATES,
     BuildkiteBuildRunner,
     BuildkiteBuildRunnerSpec,
+)
+from streams.extensions.buildrunner.buildkite_builds import (
+    AGENT_ENDINGS,
+    STATES,
+    branch_filter_matches,
     status_of,
 )
 from streams.extensions.buildrunner.hosted import correlation_id
 from streams.extensions.sourcecontrol.gituri import git_uri
 from streams.runtime.classify import outcome_of_exception
 from streams.runtime.outcome import NonRetryable, Retryable
-from tests.hosted_ci import FakeBuildkite, shipped_example_queues
+from tests.hosted_ci import FakeBuildkite, bk_job, shipped_example_queues
 from tests.pipeline_support import Pipeline
-from tests.waiting import wait_until
+from tests.waiting import wait_until, wait_until_async
 
 TOKEN = "bkua_s3cr3t-T0KEN-value"
 TOKEN_ENV = "STOVEPIPE_TEST_BUILDKITE_TOKEN"
@@ -89,8 +93,8 @@ def test_trigger_creates_a_build_of_the_head_with_base_and_head_in_its_environme
             "DEPLOY": "no",
             "STOVEPIPE_HEAD_SHA": HEAD, "STOVEPIPE_BASE_SHA": BASE,
             "STOVEPIPE_HEAD_URI": HEAD_URI, "STOVEPIPE_BASE_URI": BASE_URI,
-            "STOVEPIPE_QUEUE": "mono/main", "STOVEPIPE_REQUEST_ID": "request/mono/main/7",
-            "STOVEPIPE_STRATEGY": "incremental"}
+            "STOVEPIPE_QUEUE": "mono/main", "STOVEPIPE_PROJECT": "",
+            "STOVEPIPE_REQUEST_ID": "request/mono/main/7", "STOVEPIPE_STRATEGY": "incremental"}
         assert build["meta_data"] == {
             "stovepipe-trigger": correlation_id(META, BASE_URI, HEAD_URI),
             "stovepipe-request": "request/mono/main/7"}
@@ -103,6 +107,28 @@ def test_trigger_creates_a_build_of_the_head_with_base_and_head_in_its_environme
         assert fake.builds[2]["env"]["STOVEPIPE_QUEUE"] == "mono/main"  # the runner's queue
 
     serve(scenario, env={"DEPLOY": "no"})
+
+
+def test_a_project_s_build_carries_its_project_in_env_and_meta_data() -> None:
+    project_meta = {**META, "queue": "mono/main#api", "request_id": "request/mono/main#api/3",
+                    "trigger_key": "request/mono/main#api/3"}
+
+    async def scenario(fake: FakeBuildkite, runner: BuildkiteBuildRunner) -> None:
+        await runner.trigger(BASE_URI, HEAD_URI, project_meta)
+        [build] = fake.builds.values()
+        assert (build["env"]["STOVEPIPE_QUEUE"], build["env"]["STOVEPIPE_PROJECT"]) == (
+            "mono/main", "api")
+        assert build["meta_data"] == {
+            "stovepipe-trigger": correlation_id(project_meta, BASE_URI, HEAD_URI),
+            "stovepipe-request": "request/mono/main#api/3", "stovepipe-project": "api"}
+        # the repeated trigger finds the project's build, not another project's
+        assert await runner.trigger(BASE_URI, HEAD_URI, project_meta) == "bk-acme/monorepo/1"
+        web = {**project_meta, "queue": "mono/main#web", "request_id": "request/mono/main#web/3",
+               "trigger_key": "request/mono/main#web/3"}
+        assert await runner.trigger(BASE_URI, HEAD_URI, web) == "bk-acme/monorepo/2"
+        assert fake.builds[2]["meta_data"]["stovepipe-project"] == "web"
+
+    serve(scenario)
 
 
 def test_a_configured_branch_replaces_the_head_s_ref() -> None:
@@ -130,9 +156,35 @@ EXPECTED_STATES = [
     ("waiting_failed", False, BuildStatus.FAILED),
     ("finished", False, BuildStatus.FAILED),
     ("canceled", False, BuildStatus.CANCELLED),
-    ("skipped", False, BuildStatus.CANCELLED),
-    ("not_run", False, BuildStatus.CANCELLED),
+    ("skipped", False, BuildStatus.FAILED),
+    ("not_run", False, BuildStatus.FAILED),
     ("some_future_state", False, BuildStatus.RUNNING),
+]
+AGENT = "scheduled, waiting for an agent to take its first job"
+BLOCK_STEP = "blocked at a block step, waiting for a person to unblock it"
+# what the runner reports for each, through a server answering as Buildkite's does (one
+# `ci` job that follows the build): (state, blocked, status, waiting, could not validate
+# (words in it), permanent, red, started)
+REPORTS = [
+    ("creating", False, BuildStatus.ACCEPTED, AGENT, "", False, False, False),
+    ("scheduled", False, BuildStatus.ACCEPTED, AGENT, "", False, False, False),
+    ("running", False, BuildStatus.RUNNING, "", "", False, False, True),
+    ("waiting", False, BuildStatus.RUNNING, "", "", False, False, True),
+    ("failing", False, BuildStatus.RUNNING, "", "", False, False, True),
+    ("canceling", False, BuildStatus.RUNNING, "canceling", "", False, False, True),
+    ("blocked", False, BuildStatus.RUNNING, BLOCK_STEP, "", False, False, True),
+    ("passed", True, BuildStatus.RUNNING, BLOCK_STEP, "", False, False, True),
+    ("running", True, BuildStatus.RUNNING, BLOCK_STEP, "", False, False, True),
+    ("failing", True, BuildStatus.RUNNING, "", "", False, False, True),
+    ("passed", False, BuildStatus.SUCCEEDED, "", "", False, False, True),
+    ("failed", False, BuildStatus.FAILED, "", "", False, True, True),
+    ("failed", True, BuildStatus.FAILED, "", "", False, True, True),
+    ("waiting_failed", False, BuildStatus.FAILED, "", "", False, True, True),
+    ("canceled", False, BuildStatus.CANCELLED, "", "", False, False, True),
+    ("skipped", False, BuildStatus.FAILED, "", "skipped it before it started", False, False,
+     False),
+    ("not_run", False, BuildStatus.FAILED, "", "ran none of its steps", True, False, False),
+    ("some_future_state", False, BuildStatus.RUNNING, "", "", False, False, True),
 ]
 
 
@@ -153,13 +205,192 @@ def test_status_follows_the_build_through_every_state() -> None:
         assert report.metadata == {"runner": "buildkite", "state": "scheduled",
                                    "blocked": "false",
                                    "web_url": "https://buildkite.com/acme/monorepo/builds/1"}
-        for state, blocked, expected in EXPECTED_STATES:
-            fake.set_state(1, state, blocked=blocked)
-            report = await runner.status(build_id)
+        assert (report.waiting, report.started_at) == (AGENT, None)
+        for n, (state, blocked, expected, waiting, unvalidated, permanent, red,
+                started) in enumerate(REPORTS):
+            number = fake.add_build(f"{n:040x}")
+            fake.set_state(number, state, blocked=blocked)
+            report = await runner.status(f"bk-acme/monorepo/{number}")
             assert (report.status, report.metadata["state"]) == (expected, state), state
+            assert report.waiting == waiting, state
+            assert (unvalidated in report.unvalidated if unvalidated
+                    else report.unvalidated == ""), (state, report.unvalidated)
+            assert report.permanent is permanent, state
+            assert (report.status is BuildStatus.FAILED and not report.unvalidated) is red
+            assert (report.started_at is not None) is started, state
         assert fake.requests("GET", "/builds/1")[-1].query == {"exclude_jobs": "true"}
 
     serve(scenario)
+
+
+def test_a_build_s_start_is_buildkite_s_started_at_once_it_left_scheduled() -> None:
+    async def scenario(fake: FakeBuildkite, runner: BuildkiteBuildRunner) -> None:
+        build_id = await runner.trigger(None, HEAD_URI, {})
+        # the docs' own example of a build just created carries a started_at
+        fake.builds[1]["started_at"] = "2015-05-09T21:05:59.874Z"
+        assert (await runner.status(build_id)).started_at is None
+        fake.set_state(1, "running")
+        report = await runner.status(build_id)
+        assert report.running_now
+        assert report.started_at == datetime.fromisoformat("2015-05-09T21:05:59.874Z")
+        assert report.started_at is not None and report.started_at.tzinfo is not None
+
+    serve(scenario)
+
+
+def test_a_congested_build_waits_for_an_agent_then_runs_from_its_own_start() -> None:
+    async def scenario(fake: FakeBuildkite, runner: BuildkiteBuildRunner) -> None:
+        build_id = await runner.trigger(None, HEAD_URI, {})
+        fake.plan(1, queued=0.6, runs=0.6)
+        created = datetime.fromisoformat(fake.builds[1]["created_at"])
+        report = await runner.status(build_id)
+        assert (report.status, report.waiting, report.started_at) == (
+            BuildStatus.ACCEPTED, AGENT, None)
+
+        async def running() -> bool:
+            return (await runner.status(build_id)).running_now
+
+        await wait_until_async(running, within=30, what="the build running", interval=0.05)
+        report = await runner.status(build_id)
+        assert report.started_at is not None
+        assert abs((report.started_at - created).total_seconds() - 0.6) < 0.01
+
+        async def passed() -> bool:
+            return (await runner.status(build_id)).status is BuildStatus.SUCCEEDED
+
+        await wait_until_async(passed, within=30, what="the build passed", interval=0.05)
+
+    serve(scenario)
+
+
+# a failed build's jobs, as Buildkite's REST API shows them, and what the build says:
+# (jobs, blocked, status, could not validate (words in it), red detail (words in it))
+FAILED_JOBS = [
+    ([bk_job("rspec", "failed", exit_status=1)], False, BuildStatus.FAILED, "",
+     "job 'rspec' failed (exit status 1)"),
+    ([bk_job("rspec", "expired", agent=False)], False, BuildStatus.FAILED,
+     "job 'rspec' expired before an agent took it", ""),
+    ([bk_job("rspec", "failed", exit_status=-1)], False, BuildStatus.FAILED,
+     "job 'rspec' lost its agent (exit status -1)", ""),
+    *[([bk_job("rspec", "failed", exit_status=255, signal_reason=reason)], False,
+       BuildStatus.FAILED, words, "") for reason, words in AGENT_ENDINGS.items()],
+    # a job that timed out ran too long: the commit's, even when it ends -1 (the docs)
+    ([bk_job("rspec", "timed_out", exit_status=-1)], False, BuildStatus.FAILED, "",
+     "job 'rspec' timed out"),
+    # one job failed by its command: red, whatever else ended by the infrastructure
+    ([bk_job("lint", "failed", exit_status=-1), bk_job("rspec", "failed", exit_status=2),
+      bk_job("e2e", "expired", agent=False)], False, BuildStatus.FAILED, "",
+     "job 'rspec' failed (exit status 2)"),
+    # a soft-failed job fails nothing
+    ([bk_job("lint", "failed", exit_status=1, soft_failed=True),
+      bk_job("rspec", "expired", agent=False)], False, BuildStatus.FAILED,
+     "job 'rspec' expired", ""),
+    ([bk_job("a", "expired", agent=False), bk_job("b", "failed", exit_status=-1)], False,
+     BuildStatus.FAILED, "Buildkite could not run it: jobs 'a' expired before an agent "
+                         "took it; 'b' lost its agent", ""),
+    # a person cancelled a job: the build failed, but nothing failed
+    ([bk_job("rspec", "canceled", exit_status=143, signal_reason="cancel")], False,
+     BuildStatus.CANCELLED, "", ""),
+    # paused at a block step whose blocked_state is failed: it waits for a person
+    ([bk_job("tests", "passed", exit_status=0),
+      bk_job("deploy?", "blocked", job_type="manual", agent=False)], True,
+     BuildStatus.RUNNING, "", ""),
+    ([bk_job("tests", "passed", exit_status=0)], False, BuildStatus.FAILED, "",
+     "no job of it failed by its command or its agent"),
+]
+
+
+@pytest.mark.parametrize(("jobs", "blocked", "status", "unvalidated", "red"), FAILED_JOBS)
+def test_a_failed_build_is_told_by_its_jobs_with_one_call_once(
+        jobs: list[dict[str, Any]], blocked: bool, status: BuildStatus, unvalidated: str,
+        red: str) -> None:
+    async def scenario(fake: FakeBuildkite, runner: BuildkiteBuildRunner) -> None:
+        build_id = await runner.trigger(None, HEAD_URI, {})
+        fake.set_jobs(1, jobs)
+        fake.set_state(1, "failed", blocked=blocked)
+        for _ in range(3):  # polled again (a redelivery, a duplicate loop): no more calls
+            report = await runner.status(build_id)
+            assert report.status is status
+            assert (unvalidated in report.unvalidated if unvalidated
+                    else report.unvalidated == ""), report.unvalidated
+            assert not report.permanent  # another agent may take the next attempt
+            assert (red in report.metadata.get("detail", "")) if red \
+                else "detail" not in report.metadata or status is not BuildStatus.FAILED
+            if status is BuildStatus.RUNNING:
+                assert report.waiting == BLOCK_STEP
+        reads = fake.requests("GET", "/builds/1")
+        # each poll reads the build without its jobs; the first also reads its jobs
+        assert [r.query for r in reads] == [{"exclude_jobs": "true"}, {},
+                                            {"exclude_jobs": "true"}, {"exclude_jobs": "true"}]
+
+    serve(scenario)
+
+
+def test_jobs_that_cannot_be_read_leave_a_failed_build_red_and_an_outage_is_waited_out(
+        ) -> None:
+    async def scenario(fake: FakeBuildkite, runner: BuildkiteBuildRunner) -> None:
+        # batched polls: the build comes in its pipeline's list (…/builds); …/builds/N is
+        # the read of its jobs alone
+        build_id = await runner.trigger(None, HEAD_URI, {})
+        fake.set_jobs(1, [bk_job("rspec", "expired", agent=False)])
+        fake.set_state(1, "failed")
+        fake.fail_next(503, path="/builds/1")
+        error = await failure_of(runner.status(build_id))
+        assert error.retryable  # waited out like any poll
+        report = await runner.status(build_id)
+        assert "expired before an agent took it" in report.unvalidated
+
+        other = await runner.trigger(None, git_uri(REPO, "main", "c" * 40), {})
+        fake.set_jobs(2, [bk_job("rspec", "expired", agent=False)])
+        fake.set_state(2, "failed")
+        fake.fail_next(404, path="/builds/2")
+        report = await runner.status(other)
+        assert report.status is BuildStatus.FAILED and not report.unvalidated  # red
+        assert "its jobs could not be read" in report.metadata["detail"]
+
+    serve(scenario, batch_polls=True)
+
+
+@pytest.mark.parametrize(("settings", "branch", "status"), [
+    ({}, "main", BuildStatus.CANCELLED),
+    ({"cancel_running_branch_builds": True}, "main", BuildStatus.FAILED),
+    ({"cancel_running_branch_builds": True,
+      "cancel_running_branch_builds_filter": "main release/*"}, "main", BuildStatus.FAILED),
+    ({"cancel_running_branch_builds": True,
+      "cancel_running_branch_builds_filter": "release/*"}, "main", BuildStatus.CANCELLED),
+    ({"cancel_running_branch_builds": True,
+      "cancel_running_branch_builds_filter": "!main"}, "main", BuildStatus.CANCELLED),
+    # skipping queued builds makes them `skipped`, never `canceled`
+    ({"skip_queued_branch_builds": True}, "main", BuildStatus.CANCELLED),
+])
+def test_a_cancelled_build_could_not_validate_where_buildkite_may_have_cancelled_it(
+        settings: dict[str, Any], branch: str, status: BuildStatus) -> None:
+    async def scenario(fake: FakeBuildkite, runner: BuildkiteBuildRunner) -> None:
+        fake.pipeline_settings.update(settings)
+        build_id = await runner.trigger(None, git_uri(REPO, branch, HEAD), {})
+        fake.set_state(1, "running")
+        fake.set_state(1, "canceled", cancel_reason="a newer build started")
+        report = await runner.status(build_id)
+        assert report.status is status
+        if status is BuildStatus.FAILED:
+            assert report.unvalidated.startswith(
+                "Buildkite cancelled it (a newer build started): its pipeline cancels "
+                "running builds of branch main when a newer one starts")
+            assert not report.permanent
+        assert len(fake.requests("GET")) == 1  # the build alone: no jobs read
+
+    serve(scenario)
+
+
+@pytest.mark.parametrize(("branch_filter", "branch", "matches"), [
+    (None, "main", True), ("", "main", True), ("main", "main", True),
+    ("main", "mainline", False), ("feature/* main", "feature/x", True),
+    ("!main", "main", False), ("!main", "dev", True), ("* !release/*", "release/1", False),
+    ("release/*", "main", False), (42, "main", True),
+])
+def test_a_pipeline_s_branch_filter(branch_filter: object, branch: str,
+                                    matches: bool) -> None:
+    assert branch_filter_matches(branch_filter, branch) is matches
 
 
 def test_cancel_stops_a_running_build_and_leaves_a_finished_one_as_it_ended() -> None:
@@ -485,3 +716,50 @@ def test_a_queue_on_buildkite_ends_green_for_a_passed_build_and_red_for_a_failed
             ("bk-acme/monorepo/1", "succeeded"), ("bk-acme/monorepo/2", "failed")]
         assert len(fake.requests("POST")) == 2  # one build per Request
         assert TOKEN not in pipeline.full_logs()
+
+
+@pytest.mark.kafka
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_congested_cluster_turns_no_passing_build_red(pipeline: Pipeline,
+                                                        tmp_path: Path) -> None:
+    """Issue 23, as a new user would meet it: four builds wait 100 s for an agent and then
+    run 50 s, under ``poll_deadline: 120s`` and the shipped poll delays; each Request ends
+    as its build did — green — and each build's start is Buildkite's ``started_at``, 100 s
+    after its trigger (before: red, "it ran past the poll deadline", for 3 of the 4). A
+    fifth build whose job expired before an agent took it could not validate the commit:
+    failed without a verdict, no fact (before: red)."""
+    fake = FakeBuildkite(TOKEN)
+    fake.plan_new_builds(queued=100, runs=50)
+    shas = {}
+    with fake.in_thread():
+        for n in range(5):
+            work = tmp_path / f"repo{n}"
+            work.mkdir()
+            _git(work, "init", "-q")
+            shas[f"mono{n}"] = _commit(work, f"c{n}")
+            pipeline.add_raw_queue(f"mono{n}", {
+                "source_control": {"kind": "git", "repository": str(work), "ref": "main"},
+                "build_runner": {**BK, "token_env": TOKEN_ENV, "api_url": fake.url},
+                "poll_deadline": "120s", "retry": {"unvalidated": 0}})
+        pipeline.start_worker(env={TOKEN_ENV: TOKEN})
+        ids = {q: pipeline.ingest(q) for q in shas}
+        wait_until(lambda: all(fake.builds_of(s) for s in shas.values()), timeout=120,
+                   what="a build of every head")
+        [expired] = fake.builds_of(shas["mono4"])
+        fake.set_jobs(expired["number"], [bk_job("ci", "expired", agent=False)])
+        fake.set_state(expired["number"], "failed")
+        pipeline.wait_quiet(timeout=600)
+
+    passing = {ids[f"mono{n}"] for n in range(4)}
+    assert pipeline.states() == {**{r: "succeeded" for r in passing},
+                                 ids["mono4"]: "failed"}
+    facts = dict(pipeline.query("SELECT request_id, degree FROM validation_fact"))
+    assert facts == {r: 0 for r in passing}  # no red fact; none for the expired build
+    [(reason,)] = pipeline.query("SELECT reason FROM request WHERE id = %s", ids["mono4"])
+    assert "job 'ci' expired before an agent took it" in reason
+    started = pipeline.query(
+        "SELECT b.request_id, EXTRACT(EPOCH FROM b.started_at - b.created_at)::float8"
+        " FROM build b WHERE b.request_id = ANY(%s)", list(passing))
+    assert len(started) == 4 and all(95 <= s <= 105 for _, s in started), started
+    assert len(fake.requests("POST")) == 5  # one build per Request: none re-attempted

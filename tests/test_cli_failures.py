@@ -22,7 +22,7 @@ COMMANDS = [
     ("fact", "demo/main", "fake://demo/main/a1"), ("parked",), ("db", "status"),
     ("db", "migrate"), ("topics", "verify"), ("topics", "create"),
     ("replay", "process", "--to-beginning", "--dry-run"), ("dlq", "list", "process"),
-    ("retry", "demo/main"),
+    ("retry", "demo/main"), ("last-green", "demo/main"),
 ]
 
 

@@ -10,22 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from store import BuildStrategy, Database, RequestState
-from store.steps import Again, Backfilled, Minted
+from store import BuildStrategy, Database, RequestState, Stores
+from store.steps import Again, Minted
 
 pytestmark = pytest.mark.postgres
 
 Q = "mono/main"
 URI = "git://example/mono/ref/main/c1"
-LATCH = (0x4C41, 0x5443)  # the test's advisory lock a trigger waits on ("LA", "TC")
+LATCH = (0x4C41, 0x5443)
+T = TypeVar("T")  # the test's advisory lock a trigger waits on ("LA", "TC")
 
 
 def _waiting(dsn: str, application_name: str) -> bool:
@@ -80,6 +81,33 @@ async def _live(db: Database, uri: str) -> list[str]:
     return live
 
 
+async def _second_while_first_is_open(dsn: str, db_a: Database, db_b: Database,
+                                      name_b: str,
+                                      call: Callable[[Stores], Awaitable[T]]) -> tuple[T, T]:
+    """``call`` on A's transaction, held open until ``call`` on B (application name
+    ``name_b``) is seen waiting on a lock; then A commits and B goes on. Both results."""
+    a_wrote, b_waits = asyncio.Event(), asyncio.Event()
+
+    async def first() -> T:
+        async with db_a.transaction() as tx:
+            result = await call(tx)
+            a_wrote.set()
+            await b_waits.wait()
+        return result
+
+    async def second() -> T:
+        await a_wrote.wait()
+        return await call(db_b)
+
+    async def watch() -> None:
+        await a_wrote.wait()
+        await _until_waiting(dsn, name_b)
+        b_waits.set()
+
+    a, b, _ = await asyncio.gather(first(), second(), watch())
+    return a, b
+
+
 def test_two_retries_of_one_commit_at_once_mint_one_and_tell_the_second_so(
         migrated_dsn: str) -> None:
     """The first retry's transaction stays open until the second waits on it; then the
@@ -89,25 +117,9 @@ def test_two_retries_of_one_commit_at_once_mint_one_and_tell_the_second_so(
     async def main() -> None:
         async with _databases(migrated_dsn, "retry_a", "retry_b") as (db_a, db_b):
             first = await _commit_failed(db_a, URI, red=True)
-            a_wrote, b_waits = asyncio.Event(), asyncio.Event()
-
-            async def retry_a() -> Again:
-                async with db_a.transaction() as tx:
-                    again = await tx.steps.validate_again(Q, URI)
-                    a_wrote.set()
-                    await b_waits.wait()
-                return again
-
-            async def retry_b() -> Again:
-                await a_wrote.wait()
-                return await db_b.steps.validate_again(Q, URI)
-
-            async def watch() -> None:
-                await a_wrote.wait()
-                await _until_waiting(migrated_dsn, "retry_b")
-                b_waits.set()
-
-            a, b, _ = await asyncio.gather(retry_a(), retry_b(), watch())
+            a, b = await _second_while_first_is_open(
+                migrated_dsn, db_a, db_b, "retry_b",
+                lambda stores: stores.steps.validate_again(Q, URI))
             assert a == Again(first, RequestState.FAILED, f"{first}.2")
             assert b == Again(f"{first}.2", RequestState.ACCEPTED, None)
             assert await _live(db_a, URI) == [f"{first}.2"]
@@ -123,25 +135,9 @@ def test_two_probes_of_one_commit_at_once_leave_one_live_request(migrated_dsn: s
     async def main() -> None:
         async with _databases(migrated_dsn, "probe_a", "probe_b") as (db_a, db_b):
             first = await _commit_failed(db_a, URI, red=False)
-            a_wrote, b_waits = asyncio.Event(), asyncio.Event()
-
-            async def probe_a() -> Backfilled:
-                async with db_a.transaction() as tx:
-                    minted = await tx.steps.mint_backfill(Q, URI, f"{first}~1")
-                    a_wrote.set()
-                    await b_waits.wait()
-                return minted
-
-            async def probe_b() -> Backfilled:
-                await a_wrote.wait()
-                return await db_b.steps.mint_backfill(Q, URI, f"{first}~1")
-
-            async def watch() -> None:
-                await a_wrote.wait()
-                await _until_waiting(migrated_dsn, "probe_b")
-                b_waits.set()
-
-            a, b, _ = await asyncio.gather(probe_a(), probe_b(), watch())
+            a, b = await _second_while_first_is_open(
+                migrated_dsn, db_a, db_b, "probe_b",
+                lambda stores: stores.steps.mint_backfill(Q, URI, f"{first}~1"))
             assert a.minted_id == f"{first}.2"
             assert b.minted_id is None and b.newest_id == f"{first}.2"
             assert b.newest_state is RequestState.ACCEPTED
@@ -214,8 +210,8 @@ def test_a_retry_and_an_ingest_of_one_commit_never_deadlock(migrated_dsn: str) -
                     await _until_waiting(migrated_dsn, "ingest")
                     await latch.execute(_latch_sql("pg_advisory_unlock"))
 
-                results: list[Any] = await asyncio.gather(
-                    retry(), ingest(), release(), return_exceptions=True)
+                results: list[Any] = list(await asyncio.gather(
+                    retry(), ingest(), release(), return_exceptions=True))
             finally:
                 await latch.close()
             again, minted = results[0], results[1]

@@ -270,7 +270,7 @@ def test_validate_again_from_the_request_view(web: WebPipeline, tmp_path: Path) 
                 f"document.querySelector({json.dumps(row)}).title") == why
             view = await page.wait_for(_text("#request-view"), "the Request view")
             assert why in view and "head of the branch" in view
-            assert "could not validate: it did not start" in view  # its attempt's line
+            assert "could not validate: at the start deadline" in view  # its attempt's line
             assert await page.evaluate("document.getElementById('token-field').hidden")
 
             await page.wait_for("!document.getElementById('retry-button').hidden",

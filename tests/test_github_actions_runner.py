@@ -19,17 +19,23 @@ from store.entities import BuildStatus
 from streams.config.queues import QueueConfigError, load_queues, make_build_runner
 from streams.extensions.buildrunner import BuildRunner, BuildRunnerError
 from streams.extensions.buildrunner.github_actions import (
-    CONCLUSIONS,
-    STATUSES,
     GitHubActionsBuildRunner,
     GitHubActionsBuildRunnerSpec,
-    status_of,
 )
+from streams.extensions.buildrunner.github_runs import CONCLUSIONS, STATUSES, status_of
 from streams.extensions.buildrunner.hosted import correlation_id
 from streams.extensions.sourcecontrol.gituri import git_uri
 from streams.runtime.classify import outcome_of_exception
 from streams.runtime.outcome import NonRetryable, Retryable
-from tests.hosted_ci import FakeGitHub, shipped_example_queues
+from tests.hosted_ci import (
+    GH_CONCURRENCY_CANCEL,
+    GH_RUNNER_LOST,
+    GH_SHUTDOWN,
+    GH_STEP_FAILED,
+    FakeGitHub,
+    gh_job,
+    shipped_example_queues,
+)
 from tests.waiting import wait_until_async
 
 TOKEN = "ghp_s3cr3tT0kenValue0123456789"
@@ -119,6 +125,34 @@ def test_configured_ref_input_names_and_extra_inputs() -> None:
 
     serve(scenario, fake, ref="ci", input_names=("sha", "since", "run_id"),
           inputs={"suite": "full"})
+
+
+def test_a_project_s_build_is_dispatched_with_its_project_input() -> None:
+    fake = FakeGitHub(TOKEN, inputs=("head", "base", "stovepipe_id", "service"))
+    project_meta = {**META, "queue": "mono/main#api", "request_id": "request/mono/main#api/3",
+                    "trigger_key": "request/mono/main#api/3"}
+
+    async def scenario(fake: FakeGitHub, runner: GitHubActionsBuildRunner) -> None:
+        await runner.trigger(BASE_URI, HEAD_URI, project_meta)
+        await runner.trigger(BASE_URI, HEAD_URI, META)  # a queue without projects
+        [project_dispatch, whole_repo_dispatch] = fake.requests("POST", "/dispatches")
+        assert project_dispatch.body["inputs"] == {
+            "head": HEAD, "base": BASE, "service": "api",
+            "stovepipe_id": correlation_id(project_meta, BASE_URI, HEAD_URI)}
+        assert "service" not in whole_repo_dispatch.body["inputs"]
+
+    serve(scenario, fake, project_input="service")
+
+
+def test_a_workflow_without_the_project_input_refuses_a_project_s_build() -> None:
+    project_meta = {**META, "queue": "mono/main#api"}
+
+    async def scenario(fake: FakeGitHub, runner: GitHubActionsBuildRunner) -> None:
+        error = await failure_of(runner.trigger(BASE_URI, HEAD_URI, project_meta))
+        assert not error.retryable
+        assert "Unexpected inputs provided" in str(error) and "project" in str(error)
+
+    serve(scenario)
 
 
 def test_a_dispatch_answered_204_finds_its_run_by_its_run_name() -> None:
@@ -247,12 +281,28 @@ EXPECTED = [
     ("completed", "timed_out", BuildStatus.FAILED),
     ("completed", "startup_failure", BuildStatus.FAILED),
     ("completed", "cancelled", BuildStatus.CANCELLED),
-    ("completed", "skipped", BuildStatus.CANCELLED),
+    ("completed", "skipped", BuildStatus.FAILED),
     ("completed", "stale", BuildStatus.CANCELLED),
     ("completed", "neutral", BuildStatus.CANCELLED),
     ("completed", "action_required", BuildStatus.CANCELLED),
     ("completed", "some_future_conclusion", BuildStatus.FAILED),
     ("some_future_status", None, BuildStatus.RUNNING),
+]
+# what a run that ran says, through a server answering as GitHub's does (one `ci` job that
+# follows the run): (status, conclusion, waiting, could not validate (words), permanent)
+REPORTS = [
+    ("requested", None, "requested, not yet queued for a runner", "", False),
+    ("queued", None, "queued for a runner", "", False),
+    ("pending", None, "pending behind another run of its concurrency group", "", False),
+    ("waiting", None, "waiting for a deployment protection rule (an environment's approval "
+                      "or wait timer)", "", False),
+    ("in_progress", None, "", "", False),
+    ("completed", "failure", "", "", False),
+    ("completed", "timed_out", "", "", False),
+    ("completed", "startup_failure", "", "GitHub could not start the workflow run "
+                                         "(startup_failure", True),
+    ("completed", "cancelled", "", "", False),
+    ("completed", "skipped", "", "GitHub skipped every job of the run", True),
 ]
 
 
@@ -273,9 +323,159 @@ def test_status_follows_the_run_through_every_status_and_conclusion() -> None:
         assert report.metadata == {
             "runner": "github_actions", "status": "queued", "conclusion": "",
             "html_url": "https://github.com/acme/monorepo/actions/runs/1000000001"}
+        fake.set_run(1_000_000_001, "in_progress")  # a runner took its job
         for status, conclusion, expected in EXPECTED:
             fake.set_run(1_000_000_001, status, conclusion)
-            assert (await runner.status(build_id)).status is expected, (status, conclusion)
+            runner = runner_for(fake)  # nothing remembered of an earlier ending
+            report = await runner.status(build_id)
+            await runner.aclose()
+            assert report.status is expected, (status, conclusion)
+            # run_started_at is set while the run is queued: never taken as its start
+            assert report.started_at is None
+        for status, conclusion, waiting, unvalidated, permanent in REPORTS:
+            fake.set_run(1_000_000_001, status, conclusion)
+            runner = runner_for(fake)
+            report = await runner.status(build_id)
+            await runner.aclose()
+            assert report.waiting == waiting, status
+            assert (unvalidated in report.unvalidated if unvalidated
+                    else report.unvalidated == ""), (conclusion, report.unvalidated)
+            assert report.permanent is permanent, conclusion
+            assert report.running_now is (status == "in_progress")
+
+    serve(scenario)
+
+
+# a failed run's jobs and their annotations as GitHub's REST API shows them, and what the
+# run says: (jobs, annotations by job id, could not validate (words), red detail (words))
+J1, J2 = 5_000_000_001, 5_000_000_002
+FAILED_RUNS = [
+    ([gh_job(J1, "ci", "completed", "failure")], {J1: [GH_STEP_FAILED]}, "",
+     "GitHub: job 'ci' failed"),
+    ([gh_job(J1, "ci", "completed", "failure")], {J1: [GH_RUNNER_LOST]},
+     "GitHub could not run it: job 'ci' lost its runner", ""),
+    ([gh_job(J1, "ci", "completed", "failure")], {J1: [GH_SHUTDOWN, GH_STEP_FAILED]},
+     "job 'ci' lost its runner", ""),
+    ([gh_job(J1, "ci", "completed", "failure", ran=False)], {},
+     "job 'ci' never got a runner", ""),
+    ([gh_job(J1, "ci", "completed", "timed_out")], {}, "", "GitHub: job 'ci' timed out"),
+    # one job failed on its runner: red, whatever else lost its runner
+    ([gh_job(J1, "lint", "completed", "failure"), gh_job(J2, "ci", "completed", "failure")],
+     {J1: [GH_RUNNER_LOST], J2: [GH_STEP_FAILED]}, "", "GitHub: job 'ci' failed"),
+    ([gh_job(J1, "lint", "completed", "failure"), gh_job(J2, "ci", "completed", "success")],
+     {J1: [GH_RUNNER_LOST]}, "job 'lint' lost its runner", ""),
+    ([], {}, "no job of it ran", ""),
+]
+
+
+@pytest.mark.parametrize(("jobs", "annotations", "unvalidated", "red"), FAILED_RUNS)
+def test_a_failed_run_is_told_by_its_jobs_and_their_annotations_once(
+        jobs: list[dict[str, Any]], annotations: dict[int, list[str]], unvalidated: str,
+        red: str) -> None:
+    async def scenario(fake: FakeGitHub, runner: GitHubActionsBuildRunner) -> None:
+        build_id = await runner.trigger(None, HEAD_URI, {})
+        fake.set_jobs(1_000_000_001, jobs)
+        for job_id, messages in annotations.items():
+            fake.annotate(job_id, *messages)
+        fake.set_run(1_000_000_001, "completed", "failure")
+        for _ in range(3):  # polled again: nothing more is read
+            report = await runner.status(build_id)
+            assert report.status is BuildStatus.FAILED
+            assert (unvalidated in report.unvalidated if unvalidated
+                    else report.unvalidated == ""), report.unvalidated
+            assert not report.permanent  # another runner may take the next attempt
+            assert red in report.metadata.get("detail", "")
+        assert [s.path for s in fake.requests("GET")].count(
+            "/repos/acme/monorepo/actions/runs/1000000001/attempts/1/jobs") == 1
+        assert len(fake.requests("GET", "/annotations")) <= len(jobs)
+
+    serve(scenario)
+
+
+def test_a_token_without_checks_read_leaves_a_failed_run_red_and_says_so() -> None:
+    async def scenario(fake: FakeGitHub, runner: GitHubActionsBuildRunner) -> None:
+        build_id = await runner.trigger(None, HEAD_URI, {})
+        fake.set_jobs(1_000_000_001, [gh_job(J1, "ci", "completed", "failure")])
+        fake.annotate(J1, GH_RUNNER_LOST)
+        fake.checks_forbidden = True
+        fake.set_run(1_000_000_001, "completed", "failure")
+        report = await runner.status(build_id)
+        assert report.status is BuildStatus.FAILED and not report.unvalidated
+        assert "give the token the 'Checks: read' permission" in report.metadata["detail"]
+
+        # jobs that cannot be read (404): red, as a failed run always was; an outage of
+        # them is waited out
+        other = await runner.trigger(None, git_uri(REPO, "main", "c" * 40), {})
+        fake.set_run(1_000_000_002, "completed", "failure")
+        fake.fail_next(503, path="/attempts/1/jobs")
+        assert (await failure_of(runner.status(other))).retryable
+        fake.fail_next(404, path="/attempts/1/jobs")
+        report = await runner.status(other)
+        assert report.status is BuildStatus.FAILED and not report.unvalidated
+        assert "its jobs could not be read" in report.metadata["detail"]
+
+    serve(scenario)
+
+
+def test_a_run_its_concurrency_group_cancelled_could_not_validate_a_person_s_cancel_stands(
+        ) -> None:
+    async def scenario(fake: FakeGitHub, runner: GitHubActionsBuildRunner) -> None:
+        # pending in its concurrency group, cancelled by a newer run: no job ever started
+        pending = await runner.trigger(None, HEAD_URI, {})
+        fake.set_run(1_000_000_001, "pending")
+        assert (await runner.status(pending)).waiting == \
+            "pending behind another run of its concurrency group"
+        fake.set_jobs(1_000_000_001, [])  # a workflow-level group: no job was created
+        fake.set_run(1_000_000_001, "completed", "cancelled")
+        report = await runner.status(pending)
+        assert report.status is BuildStatus.FAILED and not report.permanent
+        assert report.unvalidated.startswith("GitHub cancelled it before any job started")
+
+        # a job-level group: its jobs were queued, none taken by a runner
+        queued = await runner.trigger(None, git_uri(REPO, "main", "c" * 40), {})
+        fake.set_jobs(1_000_000_002, [gh_job(J1, "ci", "completed", "cancelled", ran=False)])
+        fake.set_run(1_000_000_002, "completed", "cancelled")
+        assert "before any job started" in (await runner.status(queued)).unvalidated
+
+        # cancel-in-progress: it ran, and its group cancelled it (GitHub's annotation)
+        running = await runner.trigger(None, git_uri(REPO, "main", "d" * 40), {})
+        fake.set_jobs(1_000_000_003, [gh_job(J2, "ci", "completed", "cancelled")])
+        fake.annotate(J2, GH_CONCURRENCY_CANCEL)
+        fake.set_run(1_000_000_003, "completed", "cancelled")
+        report = await runner.status(running)
+        assert report.status is BuildStatus.FAILED
+        assert report.unvalidated.startswith("its concurrency group cancelled it while it "
+                                             "ran (cancel-in-progress")
+
+        # a person cancelled a run that ran: cancelled, no fact
+        person = await runner.trigger(None, git_uri(REPO, "main", "e" * 40), {})
+        fake.set_run(1_000_000_004, "in_progress")
+        await runner.cancel(person)
+        assert (await runner.status(person)).status is BuildStatus.CANCELLED
+
+    serve(scenario)
+
+
+def test_a_run_s_start_is_the_first_poll_that_sees_it_in_progress() -> None:
+    async def scenario(fake: FakeGitHub, runner: GitHubActionsBuildRunner) -> None:
+        build_id = await runner.trigger(None, HEAD_URI, {})
+        fake.plan(1_000_000_001, queued=0.5, runs=0.5)
+        report = await runner.status(build_id)
+        assert (report.status, report.waiting) == (BuildStatus.ACCEPTED,
+                                                   "queued for a runner")
+        assert fake.runs[1_000_000_001]["run_started_at"]  # GitHub sets it while queued
+        assert report.started_at is None
+
+        async def running() -> bool:
+            report = await runner.status(build_id)
+            return report.running_now and report.started_at is None
+
+        await wait_until_async(running, within=30, what="the run in progress", interval=0.05)
+
+        async def passed() -> bool:
+            return (await runner.status(build_id)).status is BuildStatus.SUCCEEDED
+
+        await wait_until_async(passed, within=30, what="the run succeeded", interval=0.05)
 
     serve(scenario)
 
@@ -448,7 +648,13 @@ def test_queues_yaml_with_every_option(tmp_path: Path) -> None:
     ({**GHA, "head_input": "run id"},
      "queues.q.build_runner.head_input: expected a workflow_dispatch input name"),
     ({**GHA, "base_input": "head"},
-     "queues.q.build_runner: head_input, base_input and id_input must differ"),
+     "queues.q.build_runner: head_input, base_input, id_input and project_input must "
+     "differ"),
+    ({**GHA, "project_input": "base"},
+     "queues.q.build_runner: head_input, base_input, id_input and project_input must "
+     "differ"),
+    ({**GHA, "inputs": {"project": "x"}},
+     "queues.q.build_runner: inputs ['project'] are set by Stovepipe"),
     ({**GHA, "inputs": {"stovepipe_id": "x"}},
      "queues.q.build_runner: inputs ['stovepipe_id'] are set by Stovepipe"),
     ({**GHA, "inputs": {"suite": 3}}, "queues.q.build_runner.inputs: expected a mapping"),

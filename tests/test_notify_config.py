@@ -125,3 +125,38 @@ def test_the_shipped_file_s_commented_notify_example_is_valid(tmp_path: Path) ->
     assert notify.webhook.headers_env == {"Authorization": "STOVEPIPE_ALERT_WEBHOOK_AUTH"}
     assert notify.slack.url_env == "STOVEPIPE_SLACK_WEBHOOK_URL"
     assert notify.stale_after.total_seconds() == 7200
+
+
+def _monorepo(tmp_path: Path, unaffected: Any) -> Any:
+    status: dict[str, Any] = {"repository": "acme/mono", "token_env": "GH_TOKEN"}
+    if unaffected is not None:
+        status["unaffected"] = unaffected
+    body = {"source_control": FAKE_SC, "build_runner": {"kind": "fake"},
+            "projects": {"api": {"paths": ["api/**"]}, "web": {"paths": ["web/**"]}},
+            "notify": {"github_status": status}}
+    path = tmp_path / "queues.yaml"
+    path.write_text(yaml.safe_dump({"queues": {"mono": body}}))
+    return load_queues(path)
+
+
+@pytest.mark.parametrize(("unaffected", "posted"), [
+    (None, []), ("none", []), ("all", ["api", "web"]), (["web"], ["web"]), ([], [])])
+def test_which_unaffected_projects_get_a_status(tmp_path: Path, unaffected: Any,
+                                                posted: list[str]) -> None:
+    """None by default: every head would cost a GitHub call per unaffected project."""
+    queue = _monorepo(tmp_path, unaffected).get("mono")
+    assert [p for p in ("api", "web") if queue.posts_unaffected_status(p)] == posted
+
+
+def test_unaffected_names_the_queue_s_projects(tmp_path: Path) -> None:
+    with pytest.raises(QueueConfigError) as info:
+        _monorepo(tmp_path, ["api", "mobile"])
+    assert info.value.problems == [
+        "queues.mono.notify.github_status.unaffected: names no project of this queue: "
+        "mobile; its projects are api, web"]
+    with pytest.raises(QueueConfigError) as info:
+        _monorepo(tmp_path, "some")
+    assert info.value.problems == [
+        "queues.mono.notify.github_status.unaffected: expected all, none or a list of the "
+        "queue's project names, e.g. [api, web], got 'some'"]
+

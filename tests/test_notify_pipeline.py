@@ -157,7 +157,7 @@ def test_greenness_transitions_alert_once_each_on_both_channels(pipeline: Pipeli
         assert _alert_events(services) == [("red", ids[1], "green"), ("green", ids[4], "red")]
         red = services.delivered(WEBHOOK)[0]
         assert {k: v for k, v in red.items() if k != "at"} == {
-            "event": "red", "queue": "q", "uri": "fake://r/q-main/c2-fail",
+            "event": "red", "queue": "q", "project": None, "uri": "fake://r/q-main/c2-fail",
             "sha": "c2-fail", "request_id": ids[1], "previous": "green",
             "link": f"{PUBLIC}/#request={ids[1]}"}
         assert [b["text"] for b in services.delivered(SLACK)] == [

@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY
 
 from store import Database
 from streams.config.queues import Extensions, load_queues
+from streams.extensions import budget
 from streams.extensions.notify import github_status
 from streams.extensions.notify import http as notify_http
 from streams.stages import notify
@@ -46,15 +47,31 @@ def fake() -> Iterator[FakeServices]:
         yield running
 
 
-def _queues(tmp_path: Path, api_url: str) -> Path:
+@pytest.fixture(autouse=True)
+def _fresh_budgets() -> Iterator[None]:
+    """Each test starts as a process whose budgets are idle and whose credentials were
+    never rate-limited."""
+    budget.forget_all()
+    yield
+    budget.forget_all()
+
+
+# a content budget no test here reaches, but the ones about it (GitHub's default is 400)
+UNLIMITED = 10 ** 6
+
+
+def _queues(tmp_path: Path, api_url: str, *, content_per_hour: float | None = UNLIMITED
+            ) -> Path:
     path = tmp_path / "queues.yaml"
+    content = (f", content_requests_per_hour: {content_per_hour}"
+               if content_per_hour is not None else "")
     path.write_text(
         "queues:\n  q:\n"
         "    source_control: {kind: fake, path: repo.json, repo: r, ref: q-main}\n"
         "    build_runner: {kind: fake}\n"
         "    notify:\n"
         f"      github_status: {{repository: acme/mono, token_env: {TOKEN_ENV},"
-        f" api_url: '{api_url}'}}\n"
+        f" api_url: '{api_url}'{content}}}\n"
         f"      webhook: {{url_env: {WEBHOOK_ENV}}}\n"
         f"      slack: {{url_env: {SLACK_ENV}}}\n")
     return path
@@ -161,6 +178,13 @@ def test_rate_limits_outages_hangs_and_missing_secrets_are_retried(
         fake.set(GITHUB, status=429, retry_after="7")
         row = await attempt('GitHub answered HTTP 429: {"message": "scripted failure"}')
         assert 5 < row["due_in"] <= 7.5  # the service's Retry-After, not our backoff
+        # the token is paused meanwhile: the row is handed back untried, no attempt spent
+        await _make_due(deps.db)
+        assert (await notify.send_notifications(deps, _sink)).results \
+            == [(key, "postponed")]
+        paused = await _row(deps.db, key)
+        assert paused["attempts"] == row["attempts"] and 5 < paused["due_in"] <= 7.5
+        budget.forget_all()  # the 7 s are over
         fake.set(GITHUB, status=502)
         row = await attempt('GitHub answered HTTP 502: {"message": "scripted failure"}')
         assert row["due_in"] <= notify.backoff(2) + 0.5
@@ -230,6 +254,79 @@ def test_a_commits_final_status_waits_for_its_pending_one(
     assert posted == ["pending", "success"]
 
 
+def test_statuses_stay_below_githubs_content_limit_by_default(
+        migrated_dsn: str, tmp_path: Path, fake: FakeServices,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23: GitHub allows about 500 content-creating requests an hour on a token (a
+    secondary limit, apart from the 5,000); Stovepipe's statuses default to 400 an hour
+    (a turn every 9 s for a worker alone). Three statuses due at once: one is posted, the
+    other two are handed back until the budget's next turn — no attempt spent, no
+    error."""
+    _env(monkeypatch, fake, fake.token)
+
+    async def body(deps: Deps) -> None:
+        keys = [await _status(deps.db, f"request/q/{n}", "pending", "pending",
+                              uri=f"fake://r/q-main/c{n}") for n in (1, 2, 3)]
+        report = await notify.send_notifications(deps, _sink)
+        assert report.results == [(keys[0], "sent"), (keys[1], "postponed"),
+                                  (keys[2], "postponed")]
+        for key in keys[1:]:
+            row = await _row(deps.db, key)
+            assert row["outcome"] is None and row["attempts"] == 0
+            assert row["last_error"] == ""
+            # the next turn: 9 s after the first, less the budget's burst allowance
+            assert 7 < row["due_in"] <= 3600 / 400 + 0.5, row
+
+    _run(migrated_dsn, _queues(tmp_path, fake.github_api, content_per_hour=None), body)
+    assert github_status.DEFAULT_CONTENT_REQUESTS_PER_HOUR == 400
+    assert len(fake.requests(GITHUB)) == 1
+
+
+def test_a_channels_statuses_are_posted_one_at_a_time(
+        migrated_dsn: str, tmp_path: Path, fake: FakeServices,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23: GitHub asks integrations not to send concurrent requests on one token
+    (a secondary limit): a round posts a channel's statuses one after another, never two
+    at once, however many are due."""
+    _env(monkeypatch, fake, fake.token)
+    fake.set(GITHUB, latency=0.2)
+
+    async def body(deps: Deps) -> None:
+        keys = [await _status(deps.db, f"request/q/{n}", "pending", "pending",
+                              uri=f"fake://r/q-main/c{n}") for n in range(1, 7)]
+        report = await notify.send_notifications(deps, _sink)
+        assert report.results == [(key, "sent") for key in keys]
+
+    _run(migrated_dsn, _queues(tmp_path, fake.github_api), body)
+    assert len(fake.requests(GITHUB, answered=201)) == 6
+    assert fake.most_in_flight[GITHUB] == 1
+
+
+def test_a_round_hands_back_what_it_could_not_post_in_time(
+        migrated_dsn: str, tmp_path: Path, fake: FakeServices,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Posting one at a time, a round that has run ROUND_LIMIT hands the channel's other
+    rows back at once, unattempted: none is still being posted when its lease runs out
+    and another sender claims it (here GitHub hangs, every post times out after 0.5 s,
+    and a round may run 1.2 s)."""
+    _env(monkeypatch, fake, fake.token)
+    monkeypatch.setattr(notify_http, "DEFAULT_TIMEOUT", 0.5)
+    monkeypatch.setattr(notify, "ROUND_LIMIT", 1.2)
+    fake.set(GITHUB, hang=True)
+
+    async def body(deps: Deps) -> None:
+        keys = [await _status(deps.db, f"request/q/{n}", "pending", "pending",
+                              uri=f"fake://r/q-main/c{n}") for n in range(1, 6)]
+        report = await notify.send_notifications(deps, _sink)
+        assert [r for _, r in report.results] == ["retried"] * 3 + ["postponed"] * 2
+        for key in keys[3:]:
+            row = await _row(deps.db, key)
+            assert row["attempts"] == 0 and row["due_in"] <= 0.1, row
+
+    _run(migrated_dsn, _queues(tmp_path, fake.github_api), body)
+    fake.release()
+
+
 def test_alert_bodies(migrated_dsn: str, tmp_path: Path, fake: FakeServices,
                       monkeypatch: pytest.MonkeyPatch) -> None:
     _env(monkeypatch, fake, fake.token)
@@ -246,12 +343,53 @@ def test_alert_bodies(migrated_dsn: str, tmp_path: Path, fake: FakeServices,
     _run(migrated_dsn, _queues(tmp_path, fake.github_api), body)
     link = "https://stovepipe.example/#request=request/q/2"
     assert fake.delivered(WEBHOOK) == [{
-        "event": "red", "queue": "q", "uri": "fake://r/q-main/c2-fail", "sha": "c2-fail",
+        "event": "red", "queue": "q", "project": None, "uri": "fake://r/q-main/c2-fail",
+        "sha": "c2-fail",
         "request_id": "request/q/2", "previous": "green", "at": "2026-01-01T00:00:00+00:00",
         "link": link}]
     assert fake.delivered(SLACK) == [{
         "text": f":red_circle: Stovepipe: q is RED at c2-fail (request/q/2; was green). "
                 f"<{link}|details>"}]
+
+
+def test_a_project_s_own_channels_are_served_when_its_queue_notifies_nothing(
+        migrated_dsn: str, tmp_path: Path, fake: FakeServices,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue without `notify` whose project api has alert channels of its own: api's
+    alerts go out, naming the queue and the project."""
+    _env(monkeypatch, fake, fake.token)
+    path = tmp_path / "queues.yaml"
+    path.write_text(
+        "queues:\n  mono:\n"
+        "    source_control: {kind: fake, path: repo.json, repo: r, ref: mono-main}\n"
+        "    build_runner: {kind: fake}\n"
+        "    projects:\n"
+        "      api:\n        paths: ['api/**']\n"
+        f"        alerts: {{webhook: {{url_env: {WEBHOOK_ENV}}},\n"
+        f"                 slack: {{url_env: {SLACK_ENV}}}}}\n"
+        "      web: {paths: ['web/**']}\n")
+    event = {"kind": "alert", "event": "red", "queue": "mono#api",
+             "request_id": "request/mono#api/2", "uri": "fake://r/mono-main/c2",
+             "previous": "green", "at": "2026-01-01T00:00:00+00:00"}
+
+    async def body(deps: Deps) -> None:
+        async with deps.db.pool.connection() as conn:
+            for channel in ("webhook", "slack"):
+                await conn.execute(
+                    "INSERT INTO notification (queue, key, channel, stream, event)"
+                    " VALUES ('mono#api', %s, %s, 'alerts', %s::jsonb)",
+                    (f"alert:{channel}:greenness:2", channel, json.dumps(event)))
+        assert sorted(r for _, r in (await notify.send_notifications(deps, _sink)).results) \
+            == ["sent", "sent"]
+
+    _run(migrated_dsn, path, body)
+    link = "https://stovepipe.example/#request=request/mono%23api/2"
+    [sent] = fake.delivered(WEBHOOK)
+    assert (sent["queue"], sent["project"], sent["request_id"], sent["link"]) == (
+        "mono", "api", "request/mono#api/2", link)
+    assert fake.delivered(SLACK) == [{
+        "text": f":red_circle: Stovepipe: mono, project api, is RED at c2 "
+                f"(request/mono#api/2; was green). <{link}|details>"}]
 
 
 # --- GitHub's rate limits ----------------------------------------------------------------
@@ -322,6 +460,7 @@ def test_github_rate_limits_are_waited_out_and_a_plain_403_is_given_up(
                                     answer: dict[str, Any]) -> float:
                 fake.answer_next(status, headers, answer)
                 await _make_due(deps.db)
+                budget.forget_all()  # the pause of the limit before is over
                 assert (await notify.send_notifications(deps, _sink)).results \
                     == [(key, "retried")]
                 row = await _row(deps.db, key)
@@ -355,6 +494,7 @@ def test_github_rate_limits_are_waited_out_and_a_plain_403_is_given_up(
                 403, _limit_headers(4316, now + 3000), SECONDARY) \
                 <= notify.RETRY_AFTER_CAP + 0.5
             await _make_due(deps.db)  # GitHub takes it now
+            budget.forget_all()
             assert (await notify.send_notifications(deps, _sink)).results == [(key, "sent")]
             assert (await _row(deps.db, key))["attempts"] == 8
 
@@ -366,6 +506,7 @@ def test_github_rate_limits_are_waited_out_and_a_plain_403_is_given_up(
             assert (await notify.send_notifications(deps, _sink)).results \
                 == [(second, "retried")]
             assert 58 < (await _row(deps.db, second))["due_in"] <= 60.5
+            budget.forget_all()
 
             # no permission, requests left, no retry-after: not a rate limit, given up
             third = await _status(deps.db, "request/q/3", "pending", "pending",

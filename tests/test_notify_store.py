@@ -148,6 +148,23 @@ def test_admission_and_cancellation_write_statuses(migrated_dsn: str, tmp_path: 
     _run(tmp_path, migrated_dsn, ["q"], body)
 
 
+def test_a_reconciled_request_s_status_is_written(migrated_dsn: str, tmp_path: Path) -> None:
+    """A reconciler that fails an admitted Request sets its commit's status to `error`
+    (once), so the commit does not stay `pending`."""
+    async def body(q: Queue) -> None:
+        request = await q.head("c1")
+        for _ in range(2):
+            await q.db.notifications.add_status(
+                q.name, request.id, request.uri, state="error",
+                description="could not be validated: its build step failed for good",
+                channels=STATUSES)
+        assert [(k, e["state"], e["uri"], e["description"]) for k, e in await q.rows()] == [
+            (f"status:github_status:{request.id}:final", "error", request.uri,
+             "could not be validated: its build step failed for good")]
+
+    _run(tmp_path, migrated_dsn, ["q"], body)
+
+
 async def _db_age(db: Database, request: Request) -> float:
     async with db.pool.connection() as conn:
         cursor = await conn.execute(

@@ -187,3 +187,24 @@ def _all_heads_in(pipeline: Pipeline, refs: dict[str, str]) -> bool:
         if uri.rsplit("/", 1)[1] != pipeline.repo.head(ref):
             return False
     return True
+
+
+def test_a_project_whose_request_a_reconciler_fails_decides_its_head_at_once(
+        pipeline: Pipeline) -> None:
+    """Every project's build status fails for good (dead-lettered, then failed by the
+    reconciler): the head is decided — could not be validated, naming each project — as
+    soon as the last one is, not when the sweeper next looks (60 s later)."""
+    ref = _projects_queue(pipeline, "r")
+    pipeline.repo.push(ref, "r-c1-statuserror", paths={"r-c1-statuserror": FILES})
+    pipeline.start_worker()
+    rid = pipeline.ingest("r")
+    pipeline.wait_terminal([rid], timeout=120)
+    [(state, verdict, reason)] = pipeline.query(
+        "SELECT state, verdict, reason FROM request WHERE queue = 'r' AND id = %s", rid)
+    assert (state, verdict) == ("failed", None)
+    assert reason.startswith("could not be validated: api: could not be validated: its "
+                             "buildsignal step failed for good"), reason
+    # decided by the reconciler that failed the last project's Request, not by the sweeper
+    decided = [line for line in pipeline.full_logs().splitlines()
+               if f"decided request_id={rid} " in line]
+    assert len(decided) == 1 and "stage=buildsignal_dlq" in decided[0], decided

@@ -25,6 +25,7 @@ TABLES = {
     "commit_info",
     "greenness_change",
     "promotion_pin",
+    "promotion_problem",
     "worker_host",
     "ingest_lease",
     "queue",
@@ -40,6 +41,8 @@ TABLES = {
     "notification",  # 0006: commit statuses and alerts
     "queue_health",
     "retention_round",  # 0019: the workers' periodic pruning
+    "worker_process",  # 0013: the hosted APIs' budgets shared among worker processes
+    "credential_pause",
 }
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from store.database import Database
 from store.worker_hosts import HEARTBEAT_GAP, MIN_HOST_TIMEOUT
+from streams.extensions import budget
 from streams.extensions.buildrunner.command import DEFAULT_HOST_TIMEOUT
+from streams.extensions.notify.github_status import TURN_WAIT
 from streams.extensions.notify.http import DEFAULT_TIMEOUT as POST_TIMEOUT
 from streams.extensions.sourcecontrol.gitrepo import DEFAULT_REMOTE_TIMEOUT
 from streams.runtime import timings
-from streams.stages import ingest, loops, notify, sweeper
+from streams.stages import budgets, ingest, loops, notify, sweeper
 from streams.stages.kit import WAIT_CAP
 from streams.stages.pipeline import TEND_INTERVAL
 
@@ -39,6 +41,16 @@ def test_a_database_outage_never_makes_a_host_look_dead() -> None:
 def test_leases_outlive_or_are_renewed_during_the_work_they_cover() -> None:
     assert ingest.RENEW_EVERY * 3 <= ingest.LEASE
     assert notify.LEASE > POST_TIMEOUT
+
+
+def test_a_notice_round_ends_well_inside_its_lease() -> None:
+    assert notify.ROUND_LIMIT + TURN_WAIT + POST_TIMEOUT < notify.LEASE
+
+
+def test_workers_count_each_other_from_heartbeats_they_cannot_miss() -> None:
+    assert budgets.LIVE_WITHIN >= 2 * TEND_INTERVAL + HEARTBEAT_GAP
+    # a wait announced to the sweeper is shorter than the silence it tolerates anyway
+    assert budget.ANNOUNCE_AFTER < loops.HEARTBEAT + sweeper.GRACE
 
 
 def test_the_sweeper_waits_for_a_loop_longer_than_its_heartbeat() -> None:

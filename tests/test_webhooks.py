@@ -8,6 +8,9 @@ import hashlib
 import hmac
 import json
 import re
+import statistics
+import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -20,7 +23,15 @@ from urllib.parse import urlencode
 import pytest
 import yaml
 
-from tests.web_support import TOKEN, Reply, WebPipeline, assert_error
+from tests.waiting import wait_until
+from tests.web_support import (
+    TOKEN,
+    Reply,
+    SlowSenders,
+    WebPipeline,
+    assert_error,
+    raw_answer,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 
@@ -436,4 +447,173 @@ def test_gitlab_pushes_sharing_an_event_uuid_are_deliveries_of_their_own(
     assert sorted(d for (d,) in web.query("SELECT delivery_id FROM webhook_delivery")) \
         == sorted([first.body["delivery"], second.body["delivery"], "key-1"])
     assert web.exact_outcome_problems() == []
+    web.assert_secrets_never_shown()
+
+
+MIB = 1024 * 1024
+SLOW_READ_TIMEOUT = 15.0  # the worker's webhook read timeout in the slow-sender test
+
+
+def memory(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (the peak RSS) of process ``pid``, in bytes."""
+    fields = dict(line.split(":", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {name: int(fields[name].split()[0]) * 1024 for name in ("VmRSS", "VmHWM")}
+
+
+class PeakMemory:
+    """The highest VmRSS of a process, looked at every 20 ms in a thread of its own."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak = pid, memory(pid)["VmRSS"]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, memory(self.pid)["VmRSS"])
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        return self.peak
+
+
+def validate_and_time(web: HookPipeline, queue: str, ref: str, head: str) -> float:
+    """Push ``head`` to ``ref``, ingest ``queue`` over HTTP, wait for its fact: the
+    seconds from asking for the ingest to the fact's creation (the database's clock: the
+    same machine's)."""
+    web.repo.push(ref, head)
+    asked = time.time()
+    reply = web.post(f"/api/queues/{queue}/ingest", token=None)
+    assert reply.status == 201, reply.text
+    request_id = reply.body["request_id"]
+    timed: list[tuple[Any, ...]] = []
+
+    def fact_recorded() -> bool:
+        timed[:] = web.query(
+            "SELECT extract(epoch FROM f.created_at), f.degree "
+            "FROM validation_fact f JOIN request r ON r.queue = f.queue AND "
+            "r.id = f.request_id WHERE r.queue = %s AND r.id = %s", queue, request_id)
+        return bool(timed)
+
+    wait_until(fact_recorded, timeout=60, what=f"the fact of {request_id}", interval=0.05)
+    assert timed[0][1] == 0, timed
+    return float(timed[0][0]) - asked
+
+
+def test_slow_unauthenticated_deliveries_hold_no_memory_and_delay_no_queue(
+        web: HookPipeline) -> None:
+    """100 unauthenticated GitHub deliveries declaring 25 MiB and sending 4 KiB/s, and 20
+    GitLab ones with a wrong token sending nothing: the worker allocates nothing for them
+    (no buffer sized by Content-Length; GitLab's token is checked before the body is
+    read), reads at most 4 GitHub bodies at once (the rest: 503 with Retry-After), cuts
+    the slow ones off with a 408 at the read timeout, and another queue validates as fast
+    as when idle."""
+    web.add_queue("team/main", ref="main", webhook_repository="acme/monorepo")
+    other = web.add_queue("other/main")
+    web.configure_webhooks({"github": {"secret_env": GITHUB_ENV},
+                            "gitlab": {"token_env": GITLAB_ENV}})
+    web.repo.push("main", "a1")
+    worker = web.start_web_worker(env={
+        GITHUB_ENV: GITHUB_SECRET, GITLAB_ENV: GITLAB_TOKEN,
+        "STOVEPIPE_WEBHOOK_READ_TIMEOUT": f"{SLOW_READ_TIMEOUT:g}"})
+    web.wait_healthy()
+    assert web.port is not None
+    validate_and_time(web, "other/main", other, "w1")  # warm: the first one pays imports
+    idle = [validate_and_time(web, "other/main", other, f"i{n}") for n in range(3)]
+
+    before = memory(worker.pid)
+    unsigned = SlowSenders(web.port, "/webhooks/github", {
+        "Content-Type": "application/json", "X-GitHub-Event": "push",
+        "X-Hub-Signature-256": "sha256=" + "0" * 64}, count=100, declared=25 * MIB,
+        chunk=1024, every=0.25)
+    untokened = SlowSenders(web.port, "/webhooks/gitlab", {
+        "Content-Type": "application/json", "X-Gitlab-Event": "Push Hook",
+        "X-Gitlab-Token": "wrong"}, count=20, declared=25 * MIB, chunk=0)
+    peak = PeakMemory(worker.pid)
+    unsigned.start()
+    untokened.start()
+    try:
+        wait_until(lambda: unsigned.connected == 100 and untokened.connected == 20
+                   and min(a.sent for a in unsigned.answers) >= 4096, timeout=30,
+                   what="every slow sender connected and sending")
+        loaded = [validate_and_time(web, "other/main", other, f"l{n}") for n in range(3)]
+        # while GitHub's slots are held: a signed delivery is turned away for now, and
+        # GitLab's deliveries (authenticated before their body is read) are not
+        busy = web.github(github_push(), delivery="d-busy")
+        by_token = web.gitlab(gitlab_push(project="acme/monorepo"), idempotency_key="k-1")
+        grown = peak.peak - before["VmRSS"]
+        print(f"\nworker memory: {before['VmRSS'] / MIB:.1f} MiB before, "
+              f"{peak.peak / MIB:.1f} MiB at most under load (+{grown / MIB:.1f} MiB); "
+              f"VmHWM {before['VmHWM'] / MIB:.1f} -> "
+              f"{memory(worker.pid)['VmHWM'] / MIB:.1f} MiB")
+        print(f"other queue ingest -> fact: idle {[f'{s:.2f}' for s in idle]} s, "
+              f"under load {[f'{s:.2f}' for s in loaded]} s; medians "
+              f"{statistics.median(idle):.2f} s -> {statistics.median(loaded):.2f} s")
+        assert grown < 50 * MIB, f"the worker grew by {grown / MIB:.0f} MiB"
+        assert memory(worker.pid)["VmHWM"] <= max(before["VmHWM"],
+                                                  before["VmRSS"] + 50 * MIB)
+        assert statistics.median(loaded) - statistics.median(idle) < 1.0, (idle, loaded)
+
+        assert_error(busy, 503, "4 GitHub webhook bodies are being read already")
+        assert busy.headers["Retry-After"] == f"{SLOW_READ_TIMEOUT:g}"
+        assert by_token.status == 201, by_token.text
+        assert by_token.body["ingested"] == [
+            {"queue": "team/main", "request_id": "request/team/main/1", "new": True}]
+        wait_until(lambda: all(a.closed_after is not None for a in unsigned.answers)
+                   and all(a.status is not None for a in untokened.answers),
+                   timeout=SLOW_READ_TIMEOUT + 30, what="every slow sender cut off")
+    finally:
+        unsigned.stop()
+        untokened.stop()
+        peak.stop()
+
+    assert sorted(unsigned.statuses()) == [408] * 4 + [503] * 96, unsigned.statuses()
+    for status in (503, 408):
+        times = [(a.answered_after or 0, a.closed_after or 0) for a in unsigned.answers
+                 if a.status == status]
+        print(f"{status}: answered after {max(t[0] for t in times):.2f} s at most, closed "
+              f"after {max(t[1] for t in times):.2f} s at most")
+    for answer in unsigned.answers:
+        assert answer.answered_after is not None and answer.closed_after is not None
+        if answer.status == 503:  # at once; aiohttp reads what is still sent (and drops
+            # it) for its lingering time, 10 s, so that a sender can read the answer
+            assert answer.body == busy.body, answer.text
+            assert answer.headers["retry-after"] == f"{SLOW_READ_TIMEOUT:g}"
+            assert answer.answered_after < 5, answer
+            assert answer.closed_after - answer.answered_after < 10 + 5, answer
+        else:  # read until the timeout, then cut off at once
+            assert set(answer.body) == {"error"}, answer.text
+            assert f"not sent within {SLOW_READ_TIMEOUT:g} s" in answer.body["error"]
+            assert SLOW_READ_TIMEOUT - 1 < answer.answered_after < SLOW_READ_TIMEOUT + 5
+            assert answer.closed_after - answer.answered_after < 1, answer
+            assert answer.headers["connection"] == "close"
+    for answer in untokened.answers:
+        assert (answer.status, answer.sent) == (401, 0), answer
+        assert "X-Gitlab-Token is not the configured" in answer.body["error"]
+        assert answer.answered_after is not None and answer.answered_after < 5
+
+    # a request's head is bounded too: 64 headers at most, 8190 bytes each
+    head = ("POST /webhooks/github HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+            "Content-Length: 2\r\n")
+    many = (head + "".join(f"X-Filler-{n}: {n}\r\n" for n in range(62)) + "\r\n{}").encode()
+    assert raw_answer(web.port, many).startswith(b"HTTP/1.0 400 Bad Request")
+    assert b"Too many headers" in raw_answer(web.port, many)
+    assert b"HTTP/1.1 401" in raw_answer(web.port, many.replace(b"X-Filler-0: 0\r\n", b""))
+    long = (head + "X-Filler: " + "a" * 8200 + "\r\n\r\n{}").encode()
+    assert b"Got more than 8190 bytes" in raw_answer(web.port, long)
+
+    # the slots are free again: the delivery turned away is ingested when sent again
+    again = web.github(github_push(), delivery="d-busy")
+    assert again.status == 200, again.text  # the head GitLab's delivery ingested
+    assert again.body["ingested"] == [
+        {"queue": "team/main", "request_id": "request/team/main/1", "new": False}]
+    web.wait_quiet()
+    assert web.exact_outcome_problems() == []
+    counts = webhook_counts(web)
+    assert counts[("github", "busy")] == 97
+    assert counts[("github", "timed_out")] == 4
+    assert counts[("gitlab", "rejected")] == 20
     web.assert_secrets_never_shown()

@@ -135,7 +135,7 @@ CREATE TABLE project_answer (
 );
 -- a project's green answers, newest first: its bookmark, and `last-green` over projects
 CREATE INDEX project_answer_green ON project_answer (queue, project, request_rank(request_id))
-    WHERE degree = 0;
+    INCLUDE (request_id) WHERE degree = 0;
 -- a project's answers by commit (fact --project)
 CREATE INDEX project_answer_commit ON project_answer (queue, uri, project);
 

@@ -2,6 +2,7 @@
 
     worker    run the stages (worker.py)       ingest, poll   ingest heads (ingest.py)
     request, queue, fact   read state (show.py) topics, db     set up Kafka / PostgreSQL
+    last-green             the newest commit green for several projects (last_green.py)
     explain                the branch's story since its last green commit (explain.py)
     retry                  validate a commit again (retry.py)
     pin, unpin             hold the promotion ref during an incident (pin.py)
@@ -34,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "request": "streams.cli.show:request_command",
     "queue": "streams.cli.show:queue_command",
     "fact": "streams.cli.show:fact_command",
+    "last-green": "streams.cli.last_green:last_green_command",
     "explain": "streams.cli.explain:explain_command",
     "retry": "streams.cli.retry:retry_command",
     "pin": "streams.cli.pin:pin_command",

@@ -1,6 +1,7 @@
-"""`stovepipe explain QUEUE [--json]`: why the bookmark is where it is — the branch's story
-since its last green commit, newest first, in plain words (`streams.web.story`, which the
-API's `GET /api/queues/{queue}/explain` tells the same way)."""
+"""`stovepipe explain QUEUE [--project P] [--json]`: why the bookmark is where it is — the
+branch's story since its last green commit, newest first, in plain words
+(`streams.web.story`, which the API's `GET /api/queues/{queue}/explain` tells the same
+way); with --project, project P's (`streams.web.project_story`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from streams.cli.common import emit, json_option, open_db, queues_option, run_as
 from streams.config.queues import Extensions, QueueConfigError, QueuesConfig, load_queues
 from streams.stages.deps import Deps
 from streams.web import history, story
+from streams.web.project_answers import InvalidProjectName, UnknownProject, check_projects
+from streams.web.project_story import explain_project
 from streams.web.story import Entry, Story
 
 DESCRIBE_DEADLINE = 5.0  # seconds the command waits for the repository to describe commits
@@ -22,9 +25,13 @@ WIDTH = 100
 
 @click.command("explain")
 @click.argument("queue")
+@click.option("--project", "project", default=None, metavar="P",
+              help="Tell project P's story: its scope QUEUE#P's builds, probes and culprit, "
+                   "and the heads at which it was unaffected (what it inherited from where).")
 @queues_option
 @json_option
-def explain_command(queue: str, queues_file: Path | None, as_json: bool) -> None:
+def explain_command(queue: str, project: str | None, queues_file: Path | None,
+                    as_json: bool) -> None:
     """Tell QUEUE's story since its last green commit: each head and built commit, newest
     first, with its state and why — superseded by which head, waiting for a slot behind
     which build, building for how long, red (and the culprit, when known), could not be
@@ -32,12 +39,19 @@ def explain_command(queue: str, queues_file: Path | None, as_json: bool) -> None
 
     async def run() -> Story:
         queues = load_queues(queues_file)
-        queues.get(queue)  # UnknownQueue: a one-line message
+        config = queues.get(queue)  # UnknownQueue: a one-line message
+        if project is not None:
+            try:
+                check_projects(config, [project])
+            except (UnknownProject, InvalidProjectName) as exc:
+                raise click.ClickException(str(exc)) from None
         db = await open_db()
         try:
             deps = Deps(db=db, queues=queues, extensions=Extensions(queues, db))
-            return await story.explain(
-                deps, queue, history.CommitDescriptions(deadline=DESCRIBE_DEADLINE))
+            descriptions = history.CommitDescriptions(deadline=DESCRIBE_DEADLINE)
+            if project is not None:
+                return await explain_project(deps, queue, project, descriptions)
+            return await story.explain(deps, queue, descriptions)
         finally:
             await db.close()
 

@@ -19,11 +19,19 @@ from store import (
 )
 from streams.cli.common import emit, json_option, open_db, queues_option, run_async
 from streams.cli.explain import culprit_lines
+from streams.config.names import QueueConfigError
 from streams.config.queues import Extensions, UnknownQueue, load_queues
 from streams.extensions.sourcecontrol import AmbiguousCommit, CommitNotFound
 from streams.stages.deps import Deps
 from streams.web import gate, queries
 from streams.web.gate import GreenAnswer
+from streams.web.project_answers import (
+    ProjectFact,
+    ProjectGreenAnswer,
+    UnknownProject,
+    check_projects,
+    project_green_answer,
+)
 from streams.web.story import CulpritView, SearchView
 
 NOT_GREEN = 3  # `stovepipe fact`: the commit is not green, or not one the queue can name
@@ -132,7 +140,8 @@ def queue_command(name: str, queues_file: Path | None, as_json: bool) -> None:
     """Show a queue: last-green bookmark, in-flight builds, latest Request and its state,
     and while it is red, its culprit ("red since C") or the search for it."""
 
-    async def run() -> tuple[Queue, Request | None, CulpritView | None, SearchView | None]:
+    async def run() -> tuple[Queue, Request | None, CulpritView | None, SearchView | None,
+                             queries.PromotionRef | None]:
         db = await open_db()
         try:
             try:
@@ -144,13 +153,13 @@ def queue_command(name: str, queues_file: Path | None, as_json: bool) -> None:
             if q.latest_request_id is not None:
                 latest = await db.requests.get(name, q.latest_request_id)
             culprit, search = await culprit_lines(db, name, queues_file)
-            return q, latest, culprit, search
+            return q, latest, culprit, search, await _promotion_ref(db, q, queues_file)
         finally:
             await db.close()
 
-    q, latest, culprit, search = run_async(run)
+    q, latest, culprit, search, ref = run_async(run)
     emit(as_json, {"queue": q, "latest_request": latest, "culprit": culprit,
-                   "search": search}, [
+                   "search": search, "promotion_ref": ref}, [
         f"{q.name}",
         f"  last green  {q.last_green_uri or '-'}"
         + (f"  ({q.last_green_request_id})" if q.last_green_request_id else ""),
@@ -158,9 +167,42 @@ def queue_command(name: str, queues_file: Path | None, as_json: bool) -> None:
         *([f"  pinned      promotion ref held at {q.pinned_uri} by {q.pinned_by} since "
            f"{q.pinned_at.isoformat() if q.pinned_at else '?'}: {q.pinned_reason}"]
           if q.pinned_uri else []),
+        *_promotion_lines(ref),
         f"  latest      {latest.id}  {state_text(latest)}" if latest else "  latest      -",
         *_red_since_lines(culprit, search),
     ])
+
+
+async def _promotion_ref(db: Any, q: Queue,
+                         queues_file: Path | None) -> queries.PromotionRef | None:
+    """The queue's promotion ref as the repository has it (None when the queue is not
+    configured here, or promotes nothing)."""
+    try:
+        queues = load_queues(queues_file)
+        queues.get(q.name)
+    except (QueueConfigError, UnknownQueue):
+        return None
+    extensions = Extensions(queues, db)
+    try:
+        return await queries.promotion_ref(Deps(db=db, queues=queues, extensions=extensions),
+                                           q.name, queries.pin_of(q), q)
+    finally:
+        await extensions.aclose()
+
+
+def _promotion_lines(ref: queries.PromotionRef | None) -> list[str]:
+    """Where the promotion ref really is, beside where the queue says it belongs."""
+    if ref is None:
+        return []
+    where = ref.target or "-" if ref.target_known else "unknown (the repository did not answer)"
+    lines = [f"  promotion   {ref.name} at {where}"]
+    if ref.differs:
+        lines.append(f"              not where it belongs ({ref.wanted}, the "
+                     f"{'pin' if ref.pinned else 'bookmark'}): the sweeper moves it")
+    if ref.problem is not None:
+        lines.append(f"              since {ref.problem.since.isoformat()}: "
+                     f"{ref.problem.reason}")
+    return lines
 
 
 def _red_since_lines(culprit: CulpritView | None, search: SearchView | None) -> list[str]:
@@ -190,29 +232,39 @@ def _red_since_lines(culprit: CulpritView | None, search: SearchView | None) -> 
 @click.option("--queues-file", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="The queue configuration (default: STOVEPIPE_QUEUES_FILE, "
                                  "else queues.yaml).")
+@click.option("--project", "project", default=None, metavar="P",
+              help="Ask about project P of the queue: its own answer, built at the commit "
+                   "or inherited from its nearest validated ancestor (unaffected).")
 @json_option
-def fact_command(queue: str, commit: str, queues_file: Path | None, as_json: bool) -> None:
-    """Is COMMIT green on QUEUE? COMMIT is a full sha, a unique prefix of one, or the
-    commit's URI. When it is not green, says its newest green ancestor and its oldest
-    green descendant.
+def fact_command(queue: str, commit: str, queues_file: Path | None, project: str | None,
+                 as_json: bool) -> None:
+    """Is COMMIT green on QUEUE (or, with --project, for project P)? COMMIT is a full sha,
+    a unique prefix of one, or the commit's URI. When it is not green, says its newest
+    green ancestor and its oldest green descendant.
 
-    Exit status: 0 green; 3 not green — red, not validated, or a commit the queue cannot
-    name (the repository does not have it, or the prefix names several); 1 malformed
-    COMMIT, unknown QUEUE, or Stovepipe unreachable. A deploy gate can use it directly."""
+    Exit status: 0 green (for a project: built green, or unaffected and inheriting green);
+    3 not green — red, not validated, or a commit the queue cannot name (the repository
+    does not have it, or the prefix names several); 1 malformed COMMIT, unknown QUEUE or
+    project, or Stovepipe unreachable. A deploy gate can use it directly."""
 
-    async def run() -> tuple[GreenAnswer, Request | None] | dict[str, Any]:
+    async def run() -> tuple[GreenAnswer | ProjectGreenAnswer, Request | None] | dict[
+            str, Any]:
         queues = load_queues(queues_file)
         db = await open_db()
         try:
             deps = Deps(db=db, queues=queues, extensions=Extensions(queues, db))
             uri = commit if gate.names_a_uri(commit) else None
             try:
+                if project is not None:
+                    check_projects(queues.get(queue), [project])
                 uri = await gate.resolve_commit(deps, queue, commit)
-                answer = await gate.green_answer(deps, queue, uri)
+                answer: GreenAnswer | ProjectGreenAnswer = (
+                    await gate.green_answer(deps, queue, uri) if project is None else
+                    await project_green_answer(deps, queue, project, uri))
             except (CommitNotFound, AmbiguousCommit) as exc:
                 return {"uri": uri, "green": False, "fact": None, "known": False,
-                        "reason": str(exc)}
-            except (UnknownQueue, ValueError) as exc:
+                        "reason": str(exc), **_project_fields(project, None)}
+            except (UnknownQueue, UnknownProject, ValueError) as exc:
                 raise click.ClickException(str(exc)) from None
             return answer, await db.requests.newest_for_commit(queue, answer.uri)
         finally:
@@ -224,12 +276,7 @@ def fact_command(queue: str, commit: str, queues_file: Path | None, as_json: boo
         raise SystemExit(NOT_GREEN)
     answer, newest = found
     fact = answer.fact
-    if fact is None:
-        verdict = "no fact (not green)"
-    else:
-        verdict = (f"degree {fact.degree:g} ({'green' if fact.is_green else 'red'}), "
-                   f"by {fact.request_id} at {fact.created_at.isoformat()}")
-    lines = [f"{answer.uri}: {verdict}"]
+    lines = [f"{answer.uri}: {_verdict_text(fact)}"]
     if not answer.green:
         lines += _newest_lines(newest, fact)
         lines += [f"  newest green ancestor   {_green_line(answer.prior_green)}",
@@ -238,12 +285,37 @@ def fact_command(queue: str, commit: str, queues_file: Path | None, as_json: boo
             lines.append(f"  (searched the {answer.searched} nearest green commits only)")
     emit(as_json, {"uri": answer.uri, "fact": fact, "green": answer.green, "known": True,
                    "prior_green": answer.prior_green, "next_green": answer.next_green,
-                   "complete": answer.complete}, lines)
+                   "complete": answer.complete,
+                   **_project_fields(project, fact if isinstance(fact, ProjectFact) else None)},
+         lines)
     if not answer.green:
         raise SystemExit(NOT_GREEN)
 
 
-def _newest_lines(newest: Request | None, fact: ValidationFact | None) -> list[str]:
+def _project_fields(project: str | None, fact: ProjectFact | None) -> dict[str, Any]:
+    """What a project's answer adds to `fact --json`."""
+    if project is None:
+        return {}
+    return {"project": project, "unaffected": fact is not None and fact.unaffected,
+            "inherited_from": fact.inherited_from if fact is not None else None}
+
+
+def _verdict_text(fact: ValidationFact | ProjectFact | None) -> str:
+    if fact is None:
+        return "no fact (not green)"
+    colour = "green" if fact.is_green else "red"
+    if isinstance(fact, ProjectFact):
+        if fact.unaffected:
+            return (f"project {fact.project} unaffected, inherits {colour} from "
+                    f"{fact.inherited_from} ({fact.source_request_id}), at {fact.request_id}")
+        return (f"project {fact.project}: degree {fact.degree:g} ({colour}), built by "
+                f"{fact.source_request_id} at {fact.created_at.isoformat()}")
+    return (f"degree {fact.degree:g} ({colour}), by {fact.request_id} at "
+            f"{fact.created_at.isoformat()}")
+
+
+def _newest_lines(newest: Request | None,
+                  fact: ValidationFact | ProjectFact | None) -> list[str]:
     """What the commit's newest Request adds to its answer (the newest fact) when that
     Request has no fact of its own: it could not validate, or it is still under way."""
     if newest is None or (fact is not None and fact.request_id == newest.id):
@@ -257,5 +329,5 @@ def _newest_lines(newest: Request | None, fact: ValidationFact | None) -> list[s
     return [f"  newest request {newest.id}: {state_text(newest)}"]
 
 
-def _green_line(fact: ValidationFact | None) -> str:
+def _green_line(fact: ValidationFact | ProjectFact | None) -> str:
     return f"{fact.uri}  ({fact.request_id})" if fact is not None else "none"

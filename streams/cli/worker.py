@@ -28,12 +28,16 @@ from streams.config.settings import (
     DEFAULT_DB_POOL,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_WEB_PORT,
+    DEFAULT_WEBHOOK_BODIES,
+    DEFAULT_WEBHOOK_READ_TIMEOUT,
     ENV_API_TOKEN,
     ENV_APP_ID,
     ENV_DB_POOL,
     ENV_MAX_IN_FLIGHT,
     ENV_SWEEP_INTERVAL,
     ENV_WEB_PORT,
+    ENV_WEBHOOK_BODIES,
+    ENV_WEBHOOK_READ_TIMEOUT,
     Settings,
 )
 from streams.config.topics import TopicsConfig, TopicsConfigError, load_topics
@@ -41,14 +45,17 @@ from streams.config.topics import TopicsConfig, TopicsConfigError, load_topics
 if TYPE_CHECKING:
     import faust
 
+    from streams.web.webhooks import WebhookLimits
+
 
 def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
                  queues_file: Path | str | None = None, web_port: int | None = None,
                  api_token: str | None = None, sweep_interval: float | None = None,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, db_pool: int = DEFAULT_DB_POOL
-                 ) -> faust.App:
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, db_pool: int = DEFAULT_DB_POOL,
+                 webhook_limits: WebhookLimits | None = None) -> faust.App:
     """The worker's Faust app; with a ``web_port`` it also serves the HTTP API and the
-    dashboard (`streams.web.api`), whose POST endpoints need ``api_token`` when given."""
+    dashboard (`streams.web.api`), whose POST endpoints need ``api_token`` when given,
+    and the push webhooks within ``webhook_limits`` (the defaults when None)."""
     # Deferred: Faust and aiohttp take a while to import, and only `worker` needs them.
     from streams.runtime.config import worker_config
     from streams.runtime.worker import build_app
@@ -59,6 +66,7 @@ def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
         periodic_tasks,
     )
     from streams.web import api
+    from streams.web.webhooks import WebhookLimits
 
     config = worker_config(topics, app_id=app_id, bootstrap=bootstrap,
                            consumed=[s.key for s in STAGES], web_port=web_port,
@@ -68,7 +76,8 @@ def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
     app = build_app(config, STAGES, open_pipeline_deps(dsn, queues_file, pool_size=db_pool),
                     periodic, **web_settings)
     if web_port is not None:
-        api.mount(app, app.stovepipe_runtime, api_token=api_token)  # type: ignore[attr-defined]
+        api.mount(app, app.stovepipe_runtime,  # type: ignore[attr-defined]
+                  api_token=api_token, webhook_limits=webhook_limits or WebhookLimits())
     return app
 
 
@@ -97,16 +106,27 @@ def build_worker(topics: TopicsConfig, *, app_id: str, bootstrap: str, dsn: str,
 @click.option("--db-pool", type=click.IntRange(min=1), default=DEFAULT_DB_POOL,
               envvar=ENV_DB_POOL, show_default=True, metavar="N",
               help=f"PostgreSQL connections this worker keeps at most [env {ENV_DB_POOL}].")
+@click.option("--webhook-bodies", type=click.IntRange(min=1), default=DEFAULT_WEBHOOK_BODIES,
+              envvar=ENV_WEBHOOK_BODIES, show_default=True, metavar="N",
+              help=f"Push webhook bodies this worker reads at once, per provider; one more "
+                   f"is answered 503 with Retry-After [env {ENV_WEBHOOK_BODIES}].")
+@click.option("--webhook-read-timeout", type=click.FloatRange(min=0.1),
+              default=DEFAULT_WEBHOOK_READ_TIMEOUT, envvar=ENV_WEBHOOK_READ_TIMEOUT,
+              show_default=True, metavar="SECONDS",
+              help=f"Seconds a push webhook's body may take to arrive after its headers; "
+                   f"then 408 and the connection is closed [env {ENV_WEBHOOK_READ_TIMEOUT}].")
 @click.option("--loglevel", type=click.Choice(["debug", "info", "warn", "error"]),
               default="info", show_default=True)
 @queues_option
 def worker_command(app_id: str, web_port: int, no_web: bool, api_token: str | None,
                    sweep_interval: float | None, max_in_flight: int, db_pool: int,
-                   loglevel: str, queues_file: Path | None) -> None:
+                   webhook_bodies: int, webhook_read_timeout: float, loglevel: str,
+                   queues_file: Path | None) -> None:
     """Run every stage and reconciler in this process (scale out: start more)."""
 
-    # Deferred: Faust takes a while to import, and only `worker` needs it.
+    # Deferred: Faust (and aiohttp) take a while to import, and only `worker` needs them.
     from streams.runtime.worker import run_worker
+    from streams.web.webhooks import WebhookLimits
 
     current = settings()
     try:
@@ -120,7 +140,8 @@ def worker_command(app_id: str, web_port: int, no_web: bool, api_token: str | No
                        dsn=current.postgres_dsn, queues_file=queues_file,
                        web_port=_web_port(web_port, no_web), api_token=api_token or None,
                        sweep_interval=sweep_interval, max_in_flight=max_in_flight,
-                       db_pool=db_pool)
+                       db_pool=db_pool, webhook_limits=WebhookLimits(
+                           bodies=webhook_bodies, read_timeout=webhook_read_timeout))
     run_worker(app, loglevel=loglevel)
 
 

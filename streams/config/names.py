@@ -76,3 +76,21 @@ def validate_queue_name(name: object) -> str:
         raise InvalidQueueName(f"invalid queue name {_shown(name)}: {reason}; a queue name is "
                                f"{_QUEUE_NAME_RULE}")
     return name
+
+
+def validate_queue_or_scope_name(name: object) -> str:
+    """``name`` if it names a queue or a project's scope (``<queue>#<project>``, whose
+    Requests and builds are named by it), else InvalidQueueName saying why."""
+    if not isinstance(name, str):
+        raise InvalidQueueName(f"a queue name is a string, got {name!r}")
+    queue, sep, project = name.partition("#")
+    validate_queue_name(queue)
+    if sep:
+        from streams.config.projects import validate_project_name  # only for scopes
+
+        try:
+            validate_project_name(project)
+        except ValueError as exc:
+            raise InvalidQueueName(f"{_shown(name)} names queue {queue!r} and a project: "
+                                   f"{exc}") from None
+    return name

@@ -20,18 +20,22 @@ queue name, so a scope's name never clashes with a queue's.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Annotated
+from types import MappingProxyType
+from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, field_validator
 from pydantic.dataclasses import dataclass as spec_dataclass
 
 from store.entities import SCOPE_SEPARATOR
 from streams.extensions.buildrunner import BuildRunnerSpec
-from streams.extensions.notify import SlackSpec, WebhookSpec
-from streams.extensions.sourcecontrol.gitrepo import BranchName
-from streams.schema.fields import SPEC, Duration, KindInfo, PositiveInt
+from streams.extensions.notify import NotifySpec, SlackSpec, WebhookSpec
+from streams.extensions.sourcecontrol import SourceControlSpec
+from streams.extensions.sourcecontrol.gitvalues import BranchName
+from streams.schema.fields import SPEC, Duration, KindInfo, PositiveInt, Problems
 
 MAX_PROJECT_NAME_LENGTH = 100
 MAX_PROJECTS = 1000
@@ -118,3 +122,79 @@ class AffectedSpec:
     command: str | None = None
     timeout: Duration = DEFAULT_AFFECTED_TIMEOUT
     max_changed_paths: PositiveInt = DEFAULT_MAX_CHANGED_PATHS
+
+
+# --- loading (streams.config.queues) -----------------------------------------------
+
+
+def checked_projects(projects: dict[str, ProjectSpec], source_control: SourceControlSpec,
+              where: str, problems: Problems) -> dict[str, ProjectSpec] | None:
+    """The queue's projects, each build runner given the queue's repository when it checks
+    out code and names none; None after reporting a problem."""
+    if len(projects) > MAX_PROJECTS:
+        problems.add(f"{where}.projects", f"at most {MAX_PROJECTS} projects, got "
+                                          f"{len(projects)}")
+        return None
+    checked: dict[str, ProjectSpec] = {}
+    for name, spec in projects.items():
+        try:
+            validate_project_name(name)
+        except ValueError as exc:
+            problems.add(f"{where}.projects", str(exc))
+            return None
+        runner: Any = spec.build_runner  # the kinds that check out code have a repository
+        if runner is not None and runner.wants_repository and runner.repository is None:
+            repository = source_control.shared_repository()
+            if repository is None:
+                problems.add(f"{where}.projects.{name}.build_runner",
+                             "has no 'repository' and the queue's source_control is not git")
+                return None
+            spec = dataclasses.replace(
+                spec, build_runner=dataclasses.replace(runner, repository=repository))
+        checked[name] = spec
+    return checked
+
+
+def unaffected_statuses_named(notify: NotifySpec | None, projects: Mapping[str, ProjectSpec],
+                               where: str, problems: Problems) -> bool:
+    """Whether ``notify.github_status.unaffected`` names only the queue's projects (a
+    queue without projects has none to name: the setting means nothing there)."""
+    status = notify.github_status if notify is not None else None
+    if status is None or not projects or not isinstance(status.unaffected, tuple):
+        return True
+    unknown = [name for name in status.unaffected if name not in projects]
+    if unknown:
+        problems.add(f"{where}.notify.github_status.unaffected",
+                     f"names no project of this queue: {', '.join(unknown[:5])}; its "
+                     f"projects are {', '.join(list(projects)[:10])}"
+                     f"{' …' if len(projects) > 10 else ''}")
+    return not unknown
+
+
+def scope_configs(queue: Any) -> dict[str, Any]:
+    """The scope of each project of ``queue``, by name: the queue's knobs, its repository
+    with the project's promotion ref (none unless the project has one), the project's
+    build runner (else the queue's, shared), commit statuses named ``stovepipe/<project>``
+    and the project's alert channels (else the queue's). ``queue`` is a
+    `streams.config.queues.QueueConfig` (which imports this module), and so is each
+    scope's config."""
+    scopes: dict[str, Any] = {}
+    for project, spec in queue.projects.items():
+        source_control = queue.source_control
+        if hasattr(source_control, "promotion_ref"):
+            source_control = dataclasses.replace(source_control,
+                                                 promotion_ref=spec.promotion_ref)
+        notify = queue.notify
+        if notify is not None and notify.github_status is not None:
+            notify = dataclasses.replace(notify, github_status=dataclasses.replace(
+                notify.github_status, context=f"stovepipe/{project}"))
+        if spec.alerts is not None:
+            notify = dataclasses.replace(notify or NotifySpec(), webhook=spec.alerts.webhook,
+                                         slack=spec.alerts.slack)
+        name = scope_name(queue.name, project)
+        scopes[name] = dataclasses.replace(
+            queue, name=name, source_control=source_control,
+            build_runner=spec.build_runner or queue.build_runner, notify=notify,
+            projects=MappingProxyType({}), backstop=None, scope_of=(queue.name, project),
+            shares_runner_of=None if spec.build_runner is not None else queue.name)
+    return scopes

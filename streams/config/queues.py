@@ -49,11 +49,11 @@ from streams.config.names import (
     validate_queue_name,
 )
 from streams.config.projects import (
-    MAX_PROJECTS,
     AffectedSpec,
     ProjectSpec,
-    scope_name,
-    validate_project_name,
+    checked_projects,
+    scope_configs,
+    unaffected_statuses_named,
 )
 from streams.config.retention import RetentionConfig, load_retention
 from streams.config.webhooks import HostedPath, WebhooksConfig, load_webhooks
@@ -184,6 +184,12 @@ class QueueConfig:
     def alert_channels(self) -> tuple[str, ...]:
         """The channels the queue's transition alerts go to (empty: none)."""
         return self.notify.alert_channels if self.notify is not None else ()
+
+    def posts_unaffected_status(self, project: str) -> bool:
+        """Whether ``project``'s commit status is set on the heads that do not affect it
+        (``notify.github_status.unaffected``)."""
+        status = self.notify.github_status if self.notify is not None else None
+        return status is not None and status.posts_unaffected(project)
 
     @property
     def blocking_projects(self) -> tuple[str, ...]:
@@ -475,66 +481,11 @@ def _merge(name: str, where: str, entry: QueueFields, defaults: QueueFields,
         build_runner = dataclasses.replace(build_runner, repository=repository)
     knobs = {k: pick(k) for k in _KNOBS if pick(k) is not None}
     notify = _notify(pick("notify"), source_control, where, problems)
-    projects = _projects(entry.projects or {}, source_control, where, problems)
-    if projects is None:
+    projects = checked_projects(entry.projects or {}, source_control, where, problems)
+    if projects is None or not unaffected_statuses_named(notify, projects, where, problems):
         return None
     return QueueConfig(name=name, source_control=source_control, build_runner=build_runner,
                        notify=notify, projects=MappingProxyType(projects), **knobs)
-
-
-def _projects(projects: dict[str, ProjectSpec], source_control: SourceControlSpec,
-              where: str, problems: Problems) -> dict[str, ProjectSpec] | None:
-    """The queue's projects, each build runner given the queue's repository when it checks
-    out code and names none; None after reporting a problem."""
-    if len(projects) > MAX_PROJECTS:
-        problems.add(f"{where}.projects", f"at most {MAX_PROJECTS} projects, got "
-                                          f"{len(projects)}")
-        return None
-    checked: dict[str, ProjectSpec] = {}
-    for name, spec in projects.items():
-        try:
-            validate_project_name(name)
-        except ValueError as exc:
-            problems.add(f"{where}.projects", str(exc))
-            return None
-        runner: Any = spec.build_runner  # the kinds that check out code have a repository
-        if runner is not None and runner.wants_repository and runner.repository is None:
-            repository = source_control.shared_repository()
-            if repository is None:
-                problems.add(f"{where}.projects.{name}.build_runner",
-                             "has no 'repository' and the queue's source_control is not git")
-                return None
-            spec = dataclasses.replace(
-                spec, build_runner=dataclasses.replace(runner, repository=repository))
-        checked[name] = spec
-    return checked
-
-
-def scope_configs(queue: QueueConfig) -> dict[str, QueueConfig]:
-    """The scope of each project of ``queue``, by name: the queue's knobs, its repository
-    with the project's promotion ref (none unless the project has one), the project's
-    build runner (else the queue's, shared), commit statuses named ``stovepipe/<project>``
-    and the project's alert channels (else the queue's)."""
-    scopes: dict[str, QueueConfig] = {}
-    for project, spec in queue.projects.items():
-        source_control = queue.source_control
-        if hasattr(source_control, "promotion_ref"):
-            source_control = dataclasses.replace(source_control,
-                                                 promotion_ref=spec.promotion_ref)
-        notify = queue.notify
-        if notify is not None and notify.github_status is not None:
-            notify = dataclasses.replace(notify, github_status=dataclasses.replace(
-                notify.github_status, context=f"stovepipe/{project}"))
-        if spec.alerts is not None:
-            notify = dataclasses.replace(notify or NotifySpec(), webhook=spec.alerts.webhook,
-                                         slack=spec.alerts.slack)
-        name = scope_name(queue.name, project)
-        scopes[name] = dataclasses.replace(
-            queue, name=name, source_control=source_control,
-            build_runner=spec.build_runner or queue.build_runner, notify=notify,
-            projects=MappingProxyType({}), backstop=None, scope_of=(queue.name, project),
-            shares_runner_of=None if spec.build_runner is not None else queue.name)
-    return scopes
 
 
 def _notify(notify: NotifySpec | None, source_control: SourceControlSpec, where: str,

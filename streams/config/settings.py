@@ -25,6 +25,8 @@ ENV_MAX_IN_FLIGHT = "STOVEPIPE_MAX_IN_FLIGHT"
 ENV_DB_POOL = "STOVEPIPE_DB_POOL"
 ENV_HOST_ID = "STOVEPIPE_HOST_ID"
 ENV_PUBLIC_URL = "STOVEPIPE_PUBLIC_URL"  # where people reach the dashboard and API
+ENV_WEBHOOK_BODIES = "STOVEPIPE_WEBHOOK_BODIES"
+ENV_WEBHOOK_READ_TIMEOUT = "STOVEPIPE_WEBHOOK_READ_TIMEOUT"
 
 LOCAL_KAFKA_PORT = 19092
 LOCAL_KAFKA_CONTROLLER_PORT = 19093
@@ -36,6 +38,11 @@ DEFAULT_APP_ID = "stovepipe"
 DEFAULT_WEB_PORT = 6066
 DEFAULT_MAX_IN_FLIGHT = 500  # messages under way at once per stage of one worker
 DEFAULT_DB_POOL = 20  # PostgreSQL connections of one worker
+DEFAULT_WEBHOOK_BODIES = 4  # webhook bodies one worker reads at once, per provider
+# seconds a webhook body may take to arrive after its headers: github.com and gitlab.com
+# give up on a delivery after 10 s (GitHub Enterprise Server after 30 s, a self-managed
+# GitLab after its webhook_timeout), so a slower body has failed for its sender already
+DEFAULT_WEBHOOK_READ_TIMEOUT = 10.0
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,8 @@
 - `Repeats`: a handler filter that lets through, per logger and message template, one
   warning or error every `window` seconds during a flood, then says how many it held back.
   It applies to the Kafka and database clients' own loggers, which during an outage log
-  every reconnect attempt, and to the runtime's outage lines.
+  every reconnect attempt, to the runtime's outage lines, and to the web server's and the
+  webhooks' refusals.
 - `install()`: both filters on every handler of the root logger (the worker calls it once
   logging is configured).
 """
@@ -19,10 +20,11 @@ import time
 FIELD_LIMIT = 256
 LINE_LIMIT = 4096
 REPEAT_WINDOW = 10.0
-# loggers whose warnings and errors are rate-limited: the clients' reconnect chatter, and
-# our own lines written once per retry of an unreachable dependency
+# loggers whose warnings and errors are rate-limited: the clients' reconnect chatter, our
+# own lines written once per retry of an unreachable dependency, and the web server's and
+# the webhooks' (anyone who can reach the port can send requests that are refused)
 FLOODING_LOGGERS = ("aiokafka", "kafka", "faust", "mode", "psycopg", "stovepipe.outage",
-                    "stovepipe.delay")
+                    "stovepipe.delay", "aiohttp.server", "stovepipe.webhooks")
 
 
 def bounded(value: object, limit: int = FIELD_LIMIT) -> str:

@@ -157,6 +157,30 @@ COMMITS_SINCE_GREEN = Gauge(
     "than the bookmark's): branch moves seen, not git commits.",
     ["queue"],
 )
+PROJECT_GREEN = Gauge(
+    "stovepipe_project_green",
+    "1 while the project of a queue with projects is green, 0 while it is red: its newest "
+    "build's verdict, as its alerts judge it (no sample before its first verdict).",
+    ["queue", "project"],
+)
+PROJECT_RED_STREAK = Gauge(
+    "stovepipe_project_red_streak_seconds",
+    "Seconds since the project went red; 0 while it is green (no sample before its first "
+    "verdict).",
+    ["queue", "project"],
+)
+PROJECT_HEADS_SINCE_GREEN = Gauge(
+    "stovepipe_project_commits_since_green",
+    "Heads of the queue ingested after the project's last green answer (built or "
+    "inherited): branch moves seen, not git commits; every head when it was never green.",
+    ["queue", "project"],
+)
+PROJECT_BOOKMARK_AGE = Gauge(
+    "stovepipe_project_bookmark_age_seconds",
+    "Seconds since the project's last green answer (built or inherited) was recorded (no "
+    "sample before its first).",
+    ["queue", "project"],
+)
 CULPRIT_SEARCHES = Counter(
     "stovepipe_culprit_searches_total",
     "Culprit searches opened and ended, by state: bisecting (opened), found, fixed (the "

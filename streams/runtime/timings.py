@@ -33,7 +33,17 @@ Relations (tests/test_timings.py checks each against the constants where they li
    evidence (`store.worker_hosts`).
 5. Leases outlive the work they cover or are renewed: an ingest lease (`ingest.LEASE`,
    30 s) is renewed every third of it while git runs; a notification's lease
-   (`notify.LEASE`, 60 s) exceeds one post's timeout (10 s).
+   (`notify.LEASE`, 60 s) exceeds one post's timeout (10 s), and a round posts a channel's
+   notices one at a time for at most `notify.ROUND_LIMIT` (30 s), to which the last post
+   adds at most its wait for a turn (`github_status.TURN_WAIT`, 5 s) and its timeout:
+   ROUND_LIMIT + TURN_WAIT + 10 s < LEASE.
+6. Budgets (`streams.stages.budgets`): a worker process heartbeats and counts the live
+   ones every tend (2 s); a process is live for `budgets.LIVE_WITHIN` (12 s, two
+   heartbeat gaps) after its last heartbeat, so a live one is never missed; a worker uses
+   its count from its second tend on, so workers started together count each other. A
+   pause one worker learned reaches the others within two tends. A loop waiting for its
+   turn in a budget `budget.ANNOUNCE_AFTER` (1 s) or longer marks its row seen until its
+   turn, so the sweeper (relation 3) never takes it for lost.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 
 from contract import BuildRequest, Record, TopicKey
 from store import Request, RequestState, Verdict, split_scope
-from store.projects import Child, ProjectBase
+from store.projects import Child, ProjectBase, UnaffectedStatus
 from streams.config.projects import scope_name
 from streams.config.queues import QueueConfig, UnknownQueue
 from streams.extensions.sourcecontrol import (
@@ -235,14 +235,25 @@ async def _write(deps: Deps, request: Request, config: QueueConfig,
             statuses[scope] = deps.queue_config(scope).status_channels
     inherited = {p: ProjectBase(b.uri, b.request_id, b.degree)
                  for p, b in plan.inherited.items()}
+    unaffected = [UnaffectedStatus(project, channel, child_id(request.id, project))
+                  for project in sorted(plan.inherited)
+                  if config.posts_unaffected_status(project)
+                  for channel in _status_channels(deps, scope_name(request.queue, project))]
     wrote = await deps.db.projects.plan(
         request, affected=sorted(plan.affected), reason=plan.everything,
         backstop=planned.backstop, rules_unaffected=planned.rules_unaffected,
         children=children, inherited=inherited,
-        status_channels=statuses)
+        status_channels=statuses, unaffected_statuses=unaffected)
     if not wrote:
         return []
     return [await deps.db.requests.get(c.scope, c.request_id) for c in children]
+
+
+def _status_channels(deps: Deps, scope: str) -> tuple[str, ...]:
+    try:
+        return deps.queue_config(scope).status_channels
+    except UnknownQueue:
+        return ()
 
 
 async def decide(ctx: StageContext, queue: str, request_id: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from contract import BuildRequest, BuildSignal, Record, TopicKey
 from store import BuildStatus, Request, RequestState, VersionMismatch, project_of
+from streams.extensions import budget
 from streams.extensions.buildrunner import BuildRunnerError
 from streams.runtime import ACK, Hold, Outcome, RetryableError, metrics
 from streams.stages import analyze, attempts, loops
@@ -77,10 +78,13 @@ async def handle_build(payload: BuildRequest, ctx: StageContext) -> Outcome:
 
     runner = deps.extensions.build_runner(request.queue)
     try:
-        build_id = await runner.trigger(request.base_uri, request.uri, {
-            "queue": request.queue, "request_id": request.id,
-            "strategy": request.build_strategy.value, "trigger_key": trigger_key(request),
-            "attempt": str(request.attempt)})
+        # a trigger the budget spaces out says when it is back (streams.stages.loops)
+        build_id = await budget.announcing(
+            loops.request_back_after(deps.db, request.queue, request.id),
+            runner.trigger(request.base_uri, request.uri, {
+                "queue": request.queue, "request_id": request.id,
+                "strategy": request.build_strategy.value,
+                "trigger_key": trigger_key(request), "attempt": str(request.attempt)}))
     except BuildRunnerError as exc:
         if not exc.retryable:
             # refused (401, 404, 422, no token, a bad configuration): triggering again

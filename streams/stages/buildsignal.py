@@ -36,6 +36,7 @@ from store import (
     project_of,
 )
 from streams.config.queues import QueueConfig
+from streams.extensions import budget
 from streams.extensions.buildrunner import BuildReport
 from streams.runtime import ACK, Hold, Outcome, Wait, metrics
 from streams.stages import attempts, loops
@@ -90,7 +91,9 @@ async def _poll(payload: BuildSignal, ctx: StageContext) -> Outcome:
         return ACK
     runner = ctx.deps.extensions.build_runner(build.queue)
     try:
-        report = await runner.status(build.id)
+        # a poll the budget spaces out says when it is back (streams.stages.loops)
+        report = await budget.announcing(loops.build_back_after(deps.db, build.queue, build.id),
+                                         runner.status(build.id))
     except Exception as exc:
         if not is_dependency_unavailable(exc):
             raise

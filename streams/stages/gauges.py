@@ -20,8 +20,10 @@ key) or a key lookup, except the total of flakes' settled part, counted once a d
 process (`_flakes`).
 
 `stovepipe_bookmark_age_seconds` and `stovepipe_commits_since_green` (heads, not commits)
-come from one query over every configured queue, every round; the rest is refreshed at
-most every `HEALTH_INTERVAL` seconds.
+come from one query over every configured queue, every round; so do, per queue with
+projects and labelled {queue, project}, each project's greenness, red streak, heads since
+its last green answer and that answer's age (`store.project_views`: a few index probes
+per project); the rest is refreshed at most every `HEALTH_INTERVAL` seconds.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from prometheus_client import Gauge
 
 from store import NotFound, make_request_id, request_seq
+from store.project_views import ProjectStanding
 from streams.extensions.sourcecontrol import (
     CommitNotFound,
     NotOnFirstParent,
@@ -262,6 +265,11 @@ async def refresh_gauges(deps: Deps, publish: Publisher) -> None:
         else:
             metrics.BOOKMARK_AGE.labels(queue=lag.queue).set(lag.bookmark_age)
         metrics.COMMITS_SINCE_GREEN.labels(queue=lag.queue).set(lag.heads_since_green)
+    for name in names:
+        projects = deps.queues.get(name).projects
+        if projects:
+            set_project_gauges(name, await deps.db.project_views.standings(name,
+                                                                          list(projects)))
     global _health_refreshed_at
     now = time.monotonic()
     if _health_refreshed_at is not None and now - _health_refreshed_at < HEALTH_INTERVAL:
@@ -292,6 +300,18 @@ def set_health_gauges(health: QueueHealth) -> None:
     _set_or_clear(metrics.BOOKMARK_LAG_SECONDS, lag.seconds, queue=queue)
     metrics.FLAKES.labels(queue=queue, window="24h").set(health.flakes.in_window)
     metrics.FLAKES.labels(queue=queue, window="total").set(health.flakes.total)
+
+
+def set_project_gauges(queue: str, standings: Mapping[str, ProjectStanding]) -> None:
+    """Each project's greenness, red streak and bookmark, labelled {queue, project}."""
+    for project, standing in standings.items():
+        labels = {"queue": queue, "project": project}
+        green = None if standing.greenness is None else float(standing.greenness == "green")
+        _set_or_clear(metrics.PROJECT_GREEN, green, **labels)
+        streak = None if standing.greenness is None else (standing.red_streak_s or 0.0)
+        _set_or_clear(metrics.PROJECT_RED_STREAK, streak, **labels)
+        metrics.PROJECT_HEADS_SINCE_GREEN.labels(**labels).set(standing.heads_since_green)
+        _set_or_clear(metrics.PROJECT_BOOKMARK_AGE, standing.last_green_age_s, **labels)
 
 
 def _set_or_clear(gauge: Gauge, value: float | None, **labels: str) -> None:

@@ -18,12 +18,19 @@ worker's memory:
 A new token is derived from the message that takes it (`message_token`): the same
 message delivered again after a crash derives the same token, finds it already on the row
 and goes on, so the last loop can never end by losing a race with itself.
+
+A loop that will be silent longer than its delays — waiting out an outage, or for its turn
+in a hosted API's rate budget (a trigger, a poll) — says when it will be back: its row is
+marked seen until then (`request_back_after`, `build_back_after`), so the sweeper does not
+take it for lost and start another.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
+from store import Database
+from streams.extensions.budget import WaitListener
 from streams.runtime.stage import Incoming
 
 HEARTBEAT = 5.0  # seconds between a live loop's new tokens, by the database's clock
@@ -53,3 +60,19 @@ def next_turn(*, row_token: str, carried: str, mine: str, age: float,
     if carried != row_token:
         return Turn.DUPLICATE
     return Turn.CLAIM if age >= heartbeat else Turn.CONTINUE
+
+
+def request_back_after(db: Database, queue: str, request_id: str) -> WaitListener:
+    """What a Request's loop (its trigger) does when a rate budget makes it wait: its row
+    is seen until the wait is over."""
+    async def back_after(wait: float) -> None:
+        await db.requests.touch_loop(queue, request_id, quiet=wait)
+    return back_after
+
+
+def build_back_after(db: Database, queue: str, build_id: str) -> WaitListener:
+    """What a build's poll loop does when a rate budget makes it wait: its row is seen
+    until the wait is over."""
+    async def back_after(wait: float) -> None:
+        await db.builds.touch_loop(queue, build_id, quiet=wait)
+    return back_after

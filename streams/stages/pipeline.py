@@ -5,7 +5,6 @@ runs them (`open_pipeline_deps`). The worker process itself is assembled by
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from streams.runtime.logs import bounded
 from streams.runtime.periodic import PeriodicTask
 from streams.runtime.stage import Park, Publisher, Stage, park_into
 from streams.stages import (
+    budgets,
     build,
     buildsignal,
     gauges,
@@ -39,8 +39,6 @@ DEFAULT_SWEEP_INTERVAL = 5.0
 # worker's own): three of them fit in store.worker_hosts.HEARTBEAT_GAP, well below any
 # host_timeout (at least store.worker_hosts.MIN_HOST_TIMEOUT)
 TEND_INTERVAL = 2.0
-COUNT_WORKERS_EVERY = 30.0  # seconds between two counts of the live workers
-_last_count = float("-inf")
 
 log = logging.getLogger("stovepipe.pipeline")
 
@@ -77,13 +75,12 @@ async def tend_build_runners(deps: Deps, publish: Publisher) -> None:
     here if need be, so a restarted worker resumes its builds before any message asks. A
     failing runner does not keep the others from their tend; an outage ends the round."""
     # this host's own sign of life: the evidence it needs before it may judge another
-    # host lost (store.worker_hosts), and how the workers count each other to share the
-    # hosted APIs' budgets (streams.extensions.budget)
-    await deps.db.worker_hosts.heartbeat(load_settings().host_id, HEARTBEAT_GAP)
-    global _last_count
-    if time.monotonic() - _last_count >= COUNT_WORKERS_EVERY:
-        _last_count = time.monotonic()
-        budget.share_among(await deps.db.worker_hosts.count_alive(2 * HEARTBEAT_GAP))
+    # host lost (store.worker_hosts)
+    host = load_settings().host_id
+    await deps.db.worker_hosts.heartbeat(host, HEARTBEAT_GAP)
+    # this process's: how the workers count each other to share the hosted APIs' budgets,
+    # and tell each other of rate limits (streams.stages.budgets)
+    await budgets.share_budgets(deps.db, host)
     for queue in deps.queues.names():
         try:
             tend = getattr(deps.extensions.build_runner(queue), "tend", None)
@@ -104,6 +101,9 @@ def open_pipeline_deps(dsn: str, queues_file: Path | str | None = None,
     """Opens the database and the queue configuration when the worker starts."""
 
     async def open_deps() -> tuple[Deps, Park, Callable[[], Awaitable[None]]]:
+        # a worker: its hosted APIs' budgets take the conservative share until it has
+        # counted the live workers (streams.stages.budgets)
+        budget.start_counting()
         queues = load_queues(queues_file)
         # all connections up front: the pool grows one connection at a time, so under a
         # sudden backlog handlers would queue for connections for seconds (measured)

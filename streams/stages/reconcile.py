@@ -20,6 +20,7 @@ from streams.config.queues import UnknownQueue
 from streams.runtime import ACK, Outcome, metrics
 from streams.runtime import headers as h
 from streams.runtime.logs import bounded
+from streams.stages import analyze
 from streams.stages.buildsignal import cancel_build, load_build
 from streams.stages.deps import Deps, StageContext, WrongQueue, is_stale, load_request
 from streams.stages.kit import with_cas_retries
@@ -72,6 +73,8 @@ async def fail_request(ctx: StageContext, queue_name: str, request_id: str, *,
     for build in await ctx.deps.db.builds.list_for_request(settled.queue, settled.id):
         if not build.status.is_terminal:
             await cancel_build(ctx, build, f"its request is {settled.state}")
+    # a project's Request that ended so: its queue's Request may be decided now
+    await analyze.record_child_answer(ctx, settled)
     return ACK
 
 

@@ -16,6 +16,8 @@ After the fact, the verdict goes to the queue's culprit search (`streams.stages.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from contract import Record
 from store import (
     InvariantViolation,
@@ -26,9 +28,10 @@ from store import (
     ValidationFact,
     Verdict,
     VersionMismatch,
+    project_of,
     request_order,
+    split_scope,
 )
-from streams.config.projects import scope_name
 from streams.config.queues import UnknownQueue
 from streams.extensions.sourcecontrol import CommitNotFound, PromotionMoved
 from streams.runtime import ACK, Outcome, metrics
@@ -42,6 +45,7 @@ from streams.stages.kit import (
     is_dependency_unavailable,
     seconds,
 )
+from streams.stages.project_pins import settle_project_promotion
 
 DEGREE = {Verdict.GREEN: 0.0, Verdict.RED: 1.0}
 
@@ -77,7 +81,8 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
     # repository that does not answer now must not keep the fact from being written
     target: str | None = None
     unread: Exception | None = None
-    if degree == 0.0:
+    # a project's ref follows the project's bookmark, not its scope's: moved below
+    if degree == 0.0 and not project_of(request.queue):
         try:
             target = await _promotion_target(ctx, request.queue)
         except Exception as exc:
@@ -116,7 +121,7 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
         if ctx.waiting_for >= _trigger_deadline(deps, request.queue):
             raise unanswered  # the reconciler keeps asking (record_dlq re-runs record)
         return dependency_wait(ctx, unanswered, floor=1.0)
-    if fact.is_green and recorded.holds_bookmark:
+    if fact.is_green and recorded.holds_bookmark and not project_of(request.queue):
         try:
             if unread is not None:
                 # the ref must be read before the bookmark is checked: the next delivery
@@ -134,40 +139,34 @@ async def handle_record(payload: Record, ctx: StageContext) -> Outcome:
     if _has_projects(deps, request.queue):
         # its projects find their own culprits, each in its scope
         return await _promote_projects(ctx, request)
+    queue, project = split_scope(request.queue)
+    if project and fact.is_green:  # its answer may have moved the project's bookmark
+        waiting = await _promote_projects(ctx, request, queue, [project])
+        if waiting is not ACK:
+            return waiting
     return await _find_culprit(ctx, request, fact,
                                moved=fact.is_green and recorded.holds_bookmark)
 
 
-async def _promote_projects(ctx: StageContext, request: Request) -> Outcome:
-    """Move each project's promotion ref to ``request``'s commit while the project's
-    bookmark names ``request`` and the project is not pinned — by compare-and-set on the
-    ref, which is read before the bookmark (as `_promote`), so a ref never goes back. A
-    repository that does not answer is waited out up to the trigger deadline."""
+async def _promote_projects(ctx: StageContext, request: Request, queue: str | None = None,
+                            projects: Sequence[str] | None = None) -> Outcome:
+    """Move the promotion ref of each of ``queue``'s ``projects`` (default: ``request``'s
+    queue, every project) where the project's state says it belongs — its pin, else its
+    bookmark (`streams.stages.project_pins`: compare-and-set on the ref, read before the
+    state, so a ref never goes back). A repository that does not answer is waited out up
+    to the trigger deadline."""
     deps: Deps = ctx.deps
-    config = deps.queue_config(request.queue)
+    queue = queue or request.queue
+    config = deps.queue_config(queue)
     try:
-        for project, spec in config.projects.items():
-            if spec.promotion_ref is None:
+        for project in projects if projects is not None else list(config.projects):
+            if config.projects[project].promotion_ref is None:
                 continue
-            source_control = deps.extensions.source_control(scope_name(request.queue,
-                                                                       project))
-            for _ in range(CAS_ATTEMPTS):
-                target = await source_control.promotion_target()
-                state = await deps.db.projects.state(request.queue, project)
-                if state.last_green_request_id != request.id or state.pinned_uri:
-                    break  # a newer green Request promotes it, or it is held
-                if target == request.uri:
-                    break
-                try:
-                    await source_control.promote(request.uri, expected=target)
-                    break
-                except PromotionMoved:
-                    continue
-                except CommitNotFound as exc:
-                    metrics.PROMOTION_SKIPPED.labels(queue=request.queue).inc()
-                    ctx.log.warning("promotion_skipped project=%s uri=%s error=%s", project,
-                                    request.uri, exc)
-                    break
+            try:
+                await settle_project_promotion(deps, queue, project)
+            except CommitNotFound as exc:
+                metrics.PROMOTION_SKIPPED.labels(queue=queue).inc()
+                ctx.log.warning("promotion_skipped project=%s error=%s", project, exc)
     except Exception as exc:
         if not is_dependency_unavailable(exc) or ctx.waiting_for >= _trigger_deadline(
                 deps, request.queue):

@@ -37,6 +37,7 @@ whose message was lost is re-published within its queue's longest delay + HEARTB
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from contract import BuildRequest, BuildSignal, ProcessRequest, Record, TopicKey
@@ -44,7 +45,7 @@ from store import project_of
 from streams.config.queues import QueueConfig, UnknownQueue
 from streams.runtime import metrics
 from streams.runtime.stage import Publisher
-from streams.stages import culprits, loops
+from streams.stages import culprits, loops, pins, project_pins
 from streams.stages.deps import Deps
 from streams.stages.kit import seconds
 
@@ -54,6 +55,9 @@ LOCK = "sweeper"
 GRACE = 5.0  # seconds of slack beyond a loop's longest silence
 BATCH = 500  # rows of each kind per sweep: a backlog is worked off over several sweeps
 RECORD_AGAIN = 300.0  # seconds before an unrecorded verdict is re-sent to record again
+# seconds between two settlings of the pinned queues' refs (each asks the repository)
+SETTLE_PINS_EVERY = 30.0
+_settled_at = [-SETTLE_PINS_EVERY]
 
 
 @dataclass
@@ -64,6 +68,7 @@ class SweepReport:
     polls: list[str] = field(default_factory=list)  # build ids whose poll loop was revived
     records: list[str] = field(default_factory=list)  # request ids whose fact was missing
     searches: list[str] = field(default_factory=list)  # culprit searches advanced (red ids)
+    promotions: list[str] = field(default_factory=list)  # queues whose pinned ref was settled
 
     @property
     def total(self) -> int:
@@ -131,9 +136,16 @@ async def sweep(deps: Deps, publish: Publisher) -> SweepReport:
                     search.state, search.probes, search.lo, search.hi):
                 report.searches.append(search.red_request_id)
 
+    if report.ran and time.monotonic() - _settled_at[0] >= SETTLE_PINS_EVERY:
+        # after the sweep's lock is released: git answers without a connection held
+        _settled_at[0] = time.monotonic()
+        report.promotions = [*await pins.settle_pinned(deps),
+                             *await project_pins.settle_pinned_projects(deps)]
+
     for what, ids in (("process", report.processes), ("build", report.builds),
                       ("buildsignal", report.polls), ("record", report.records),
-                      ("culprit_search", report.searches)):
+                      ("culprit_search", report.searches),
+                      ("promotion", report.promotions)):
         if ids:
             metrics.SWEPT.labels(what=what).inc(len(ids))
             log.warning("sweeper_republished what=%s count=%d first=%s", what, len(ids),

@@ -6,8 +6,10 @@
     POST /api/queues/{queue}/retry       validate a commit again ({"commit": C}; no body:
                                          the queue's newest head)
     POST /api/queues/{queue}/pin         hold the promotion ref at a green commit
-                                         ({"commit": C, "reason": R, "by": B})
-    POST /api/queues/{queue}/unpin       let it follow the bookmark again ({"by": B})
+                                         ({"commit": C, "reason": R, "by": B}; with
+                                         "project": P, the project's own ref)
+    POST /api/queues/{queue}/unpin       let it follow the bookmark again ({"by": B},
+                                         and "project": P for a project's)
     GET  /api/queues                     every configured queue at a glance
     GET  /api/queues/{queue}             one queue: bookmark, promotion ref, slots, latest,
                                          its culprit ("red since C", or the search under
@@ -16,8 +18,13 @@
     GET  /api/queues/{queue}/history     its last heads and built commits in history
                                          order, newest first, with subjects, authors,
                                          build links and time to signal (?limit=1..200)
+    GET  /api/queues/{queue}/grid        a queue with projects: its last heads by its
+                                         projects, each cell the project's answer there,
+                                         and each project's bookmark and culprit
+                                         (?limit=1..100; streams/web/grid.py)
     GET  /api/queues/{queue}/explain     the branch's story since its last green commit,
                                          newest first, in words (streams/web/story.py)
+                                         (?project=P: the story of project P)
     GET  /api/queues/{queue}/health      time to signal, share of time red, red streak,
                                          bookmark lag (commits, time), flakes
     GET  /api/queues/{queue}/greens      green commits in history order after
@@ -27,8 +34,19 @@
                                          its commit's answer
     GET  /api/queues/{queue}/green?sha=S is this commit green, and if not, its newest green
                                          ancestor and its oldest green descendant
+                                         (&project=P: for project P)
     GET  /api/facts?queue=Q&sha=S        is this commit green? (no fact: not green); the
                                          commit by full sha, unique prefix, or uri=U
+                                         (&project=P: for project P, and whether it is
+                                         unaffected, inheriting from which commit)
+    GET  /api/queues/{queue}/last-green  the newest commit green for every project of
+                                         ?projects=a,b with each one's fact (none: the
+                                         queue's bookmark); &format=text: the bare sha
+    GET  /api/queues/{queue}/projects    each project at the head: green, red, pending,
+                                         unvalidated or unaffected, its bookmark, red
+                                         streak and culprit
+    GET  /api/queues/{queue}/projects/{p}  one project likewise; ?format=text: the bare
+                                         sha of its last green commit
     GET  /api/dlq                        dead letters waiting for their reconcilers
     POST /webhooks/github                a GitHub push webhook (streams/web/webhooks.py)
     POST /webhooks/gitlab                a GitLab push webhook
@@ -43,7 +61,8 @@
 Queue names and request ids contain '/'. Both may be written as they are or URL-encoded
 (`/api/queues/team%2Fmain`); a queue whose name itself ends in `/requests`, `/green`,
 `/ingest`, `/retry`, `/pin` or `/unpin` can only be named encoded.
-So can one whose name ends in `/history`, `/explain`, `/health` or `/greens`.
+So can one whose name ends in `/history`, `/grid`, `/explain`, `/health`, `/greens`,
+`/last-green` or `/projects`, or in `/projects/<a name>`.
 
 A deploy gate always gets an answer it can read `.green` from: a commit the repository
 does not have is `"green": false, "known": false` with the reason (200), not an error.
@@ -81,7 +100,8 @@ from streams.runtime.stage import Delivery
 from streams.runtime.worker import RuntimeService
 from streams.stages.deps import Deps
 from streams.stages.ingest import ingest_head
-from streams.stages.pins import PinRefused, pin_promotion, unpin_promotion
+from streams.stages.pins import PinNotApplied, PinRefused, pin_promotion, unpin_promotion
+from streams.stages.project_pins import pin_project, unpin_project
 from streams.stages.revalidate import AlreadyGreen, NeverIngested, validate_again
 from streams.web import queries
 from streams.web.errors import ApiError
@@ -89,9 +109,10 @@ from streams.web.params import (
     pin_fields,
     retry_commit,
 )
+from streams.web.project_answers import check_projects
 from streams.web.reads import Reads
 from streams.web.responses import describe, error_answer, error_response, json_answer
-from streams.web.webhooks import Webhooks
+from streams.web.webhooks import DEFAULT_LIMITS, WebhookLimits, Webhooks
 
 log = logging.getLogger("stovepipe.http")
 
@@ -106,11 +127,32 @@ DASHBOARD_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; "
                  "form-action 'none'; frame-ancestors 'none'")
 
 
+# What one request may make the server hold before a handler runs. aiohttp's parser
+# refuses a request line over MAX_LINE bytes, a header over MAX_FIELD (name and value
+# together) and more than MAX_HEADERS headers, so a request's head is at most about
+# MAX_LINE + MAX_HEADERS x MAX_FIELD (520 KiB): GitHub and GitLab send some 15 headers, a
+# browser or a proxy chain a few dozen. Of a body nobody reads yet aiohttp buffers at most
+# about 512 KiB (then it stops reading the socket); the handlers read bodies themselves,
+# with limits of their own (`streams.web.params`, `streams.web.webhooks`), and none uses
+# aiohttp's whole-body readers (``request.read()``, ``.json()``, ``.post()``), which
+# CLIENT_MAX_SIZE caps for any that would.
+MAX_LINE = 8190
+MAX_FIELD = 8190
+MAX_HEADERS = 64
+CLIENT_MAX_SIZE = 64 * 1024
+
+
 def faust_settings() -> dict[str, Any]:
-    """Settings for the Faust app that serves this API: JSON errors everywhere, and none
-    of Faust's table and router pages (Stovepipe has no tables)."""
+    """Settings for the Faust app that serves this API: JSON errors everywhere, the
+    request-size bounds above, and none of Faust's table and router pages (Stovepipe has
+    no tables)."""
     return {
-        "web_application_options": {"middlewares": [json_errors]},
+        "web_application_options": {
+            "middlewares": [json_errors],
+            "client_max_size": CLIENT_MAX_SIZE,
+            "handler_args": {"max_line_size": MAX_LINE, "max_field_size": MAX_FIELD,
+                             "max_headers": MAX_HEADERS},
+        },
         "web_router_enabled": False,
         "web_tables_enabled": False,
     }
@@ -147,7 +189,20 @@ async def json_errors(request: web.Request,
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - never a traceback in a response
+        if isinstance(exc, ApiError) and exc.close:
+            return await answer_and_close(request, error_response(exc))
         return error_response(exc)
+
+
+async def answer_and_close(request: web.Request, answer: web.Response) -> web.Response:
+    """Send ``answer`` and close the connection at once. aiohttp would otherwise go on
+    reading (and discarding) what is left of the body for up to its lingering time, 10 s,
+    so a slow sender would keep its connection that long after being answered."""
+    answer.force_close()  # says "Connection: close"
+    await answer.prepare(request)
+    await answer.write_eof()
+    request.protocol.force_close()  # the transport sends what was written, then closes
+    return answer
 
 
 def _is_api(path: str) -> bool:
@@ -163,11 +218,12 @@ class Api(Reads):
     in `Reads`; each returns a response or raises (see `error_response`)."""
 
     def __init__(self, runtime: RuntimeService[Deps], *, api_token: str | None,
-                 dead_letters: queries.DeadLetterDepths) -> None:
+                 dead_letters: queries.DeadLetterDepths,
+                 webhook_limits: WebhookLimits = DEFAULT_LIMITS) -> None:
         self.runtime = runtime
         self.api_token = api_token or None
         self.dead_letters = dead_letters
-        self.webhooks = Webhooks(self._delivery)
+        self.webhooks = Webhooks(self._delivery, webhook_limits)
         self._assets: dict[str, bytes] = {}
 
     def _delivery(self) -> Delivery[Deps]:
@@ -219,12 +275,17 @@ class Api(Reads):
         self._require_token(request)
         fields = await pin_fields(request, needs_commit=True)
         deps = self._delivery().deps
+        if "project" in fields:
+            return await self._pin_project(deps, queue, fields)
         try:
             async with asyncio.timeout(INGEST_DEADLINE):
                 done = await pin_promotion(deps, queue, fields["commit"], by=fields["by"],
                                            reason=fields["reason"])
         except PinRefused as exc:
             raise ApiError(409, str(exc)) from None
+        except PinNotApplied as exc:
+            # the repository refused the move (502) or did not answer (503): nothing changed
+            raise ApiError(503 if exc.retryable else 502, str(exc)) from None
         except ValueError as exc:  # not a sha (or, its subclass, not a queue name)
             raise ApiError(400, str(exc)) from None
         q = done.queue
@@ -239,6 +300,8 @@ class Api(Reads):
         self._require_token(request)
         fields = await pin_fields(request, needs_commit=False)
         deps = self._delivery().deps
+        if "project" in fields:
+            return await self._unpin_project(deps, queue, fields)
         try:
             async with asyncio.timeout(INGEST_DEADLINE):
                 done = await unpin_promotion(deps, queue, by=fields["by"])
@@ -249,6 +312,44 @@ class Api(Reads):
         log.info("http_unpin queue=%s was=%s by=%s", queue, done.was_pinned, fields["by"])
         return json_answer({"queue": done.queue.name, "was_pinned": done.was_pinned,
                       "target": done.target, "last_green_uri": done.queue.last_green_uri})
+
+    async def _pin_project(self, deps: Deps, queue: str,
+                           fields: dict[str, str]) -> web.Response:
+        check_projects(deps.queue_config(queue), [fields["project"]])
+        try:
+            async with asyncio.timeout(INGEST_DEADLINE):
+                done = await pin_project(deps, queue, fields["project"], fields["commit"],
+                                         by=fields["by"], reason=fields["reason"])
+        except PinRefused as exc:
+            raise ApiError(409, str(exc)) from None
+        except PinNotApplied as exc:
+            raise ApiError(503 if exc.retryable else 502, str(exc)) from None
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        log.info("http_pin queue=%s project=%s uri=%s by=%s", queue, done.project,
+                 done.pinned_uri, fields["by"])
+        return json_answer({"queue": done.queue, "project": done.project,
+                            "pinned_uri": done.pinned_uri,
+                            "pinned_request_id": done.pinned_request_id,
+                            "inherited_from": done.inherited_from,
+                            "previous_target": done.previous_target,
+                            "last_green_uri": done.last_green_uri})
+
+    async def _unpin_project(self, deps: Deps, queue: str,
+                             fields: dict[str, str]) -> web.Response:
+        check_projects(deps.queue_config(queue), [fields["project"]])
+        try:
+            async with asyncio.timeout(INGEST_DEADLINE):
+                done = await unpin_project(deps, queue, fields["project"], by=fields["by"])
+        except PinRefused as exc:
+            raise ApiError(409, str(exc)) from None
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        log.info("http_unpin queue=%s project=%s was=%s by=%s", queue, done.project,
+                 done.was_pinned, fields["by"])
+        return json_answer({"queue": done.queue, "project": done.project,
+                            "was_pinned": done.was_pinned, "target": done.target,
+                            "last_green_uri": done.last_green_uri})
 
     async def github_webhook(self, request: web.Request) -> web.Response:
         return await self.webhooks.github(request)  # signed, so no bearer token
@@ -329,14 +430,19 @@ class Api(Reads):
 
 # Registration order matters where patterns overlap: the `/ingest`, `/retry`, `/requests`
 # and `/green` routes are tried before the plain queue route, whose name may contain '/'
-# (and so is `/history`).
+# (and so is `/history`); `/projects/{project}` first of all, so that a project may be
+# named like one of those suffixes.
 _ROUTES: tuple[tuple[str, str, str], ...] = (
+    ("get", "/api/queues/{queue:.+}/projects/{project:[^/]+}", "project"),
+    ("get", "/api/queues/{queue:.+}/projects", "projects"),
+    ("get", "/api/queues/{queue:.+}/last-green", "last_green"),
     ("post", "/api/queues/{queue:.+}/ingest", "ingest"),
     ("post", "/api/queues/{queue:.+}/retry", "retry"),
     ("post", "/api/queues/{queue:.+}/pin", "pin"),
     ("post", "/api/queues/{queue:.+}/unpin", "unpin"),
     ("get", "/api/queues/{queue:.+}/requests", "queue_requests"),
     ("get", "/api/queues/{queue:.+}/history", "queue_history"),
+    ("get", "/api/queues/{queue:.+}/grid", "queue_grid"),
     ("get", "/api/queues/{queue:.+}/green", "green"),
     ("get", "/api/queues/{queue:.+}/greens", "greens"),
     ("get", "/api/queues/{queue:.+}/explain", "explain"),
@@ -364,7 +470,8 @@ _ENDPOINTS = tuple(method.upper() + " " + _PATH_REGEX.sub(r"{\1}", path)
                    for method, path, _ in _ROUTES if path.startswith("/api"))
 
 
-def mount(app: faust.App, runtime: RuntimeService[Deps], *, api_token: str | None) -> Api:
+def mount(app: faust.App, runtime: RuntimeService[Deps], *, api_token: str | None,
+          webhook_limits: WebhookLimits = DEFAULT_LIMITS) -> Api:
     """Add the API, /health and the dashboard to ``app``'s web server. Call before the
     app starts, on an app built with `faust_settings()`."""
     config = runtime.config
@@ -372,7 +479,8 @@ def mount(app: faust.App, runtime: RuntimeService[Deps], *, api_token: str | Non
         bootstrap=config.bootstrap, group=config.app_id, ttl=DLQ_CACHE_SECONDS,
         topics={key: route.dlq_topic for key, route in config.routes.items()
                 if route.dlq_topic})
-    api = Api(runtime, api_token=api_token, dead_letters=dead_letters)
+    api = Api(runtime, api_token=api_token, dead_letters=dead_letters,
+              webhook_limits=webhook_limits)
     for method, path, name in _ROUTES:
         app.page(path, name=f"stovepipe.{name}.{method}.{path}")(
             _view(method, getattr(api, name)))

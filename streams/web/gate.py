@@ -11,6 +11,8 @@ The search walks the queue's green facts by their Requests' order (ingest order,
 a backfilled commit's place in the history) on an index (never the whole
 table) and asks the repository about ancestry one candidate at a time, at most
 `SEARCH_LIMIT` candidates in each direction; `complete` says whether it was exhaustive.
+`nearest_greens` is that search over any list of green answers: a project's
+(`streams.web.project_answers`) walks its green answers the same way.
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from store import NotFound, Order, ValidationFact, commit_request_id, request_order
-from streams.extensions.sourcecontrol import CommitNotFound
+from streams.extensions.sourcecontrol import CommitNotFound, SourceControl
 from streams.stages.commits import names_a_uri, resolve_commit
 from streams.web.queries import fact_or_none
 
-__all__ = ["SEARCH_LIMIT", "GreenAnswer", "green_answer", "names_a_uri", "resolve_commit"]
+__all__ = ["SEARCH_LIMIT", "GreenAnswer", "Nearest", "commit_rank", "green_answer",
+           "names_a_uri", "nearest_greens", "resolve_commit"]
 
 if TYPE_CHECKING:  # the reads need no stage machinery, only its type
     from streams.stages.deps import Deps
@@ -58,30 +61,66 @@ async def green_answer(deps: Deps, queue: str, uri: str) -> GreenAnswer:
         return GreenAnswer(queue, uri, None, fact, None, None, 0, True)
     source_control = deps.extensions.source_control(queue)
     committed_at = await source_control.commit_time(uri)  # CommitNotFound: no such commit
+    nearest = await nearest_greens(
+        source_control, uri,
+        await commit_rank(deps, queue, uri, fact.request_id if fact is not None else None),
+        lambda rank: deps.db.facts.green_older_than(queue, rank, SEARCH_LIMIT),
+        lambda rank: deps.db.facts.green_newer_than(queue, rank, SEARCH_LIMIT))
+    return GreenAnswer(queue, uri, committed_at, fact, nearest.prior, nearest.following,
+                       nearest.searched, nearest.complete)
 
-    own_rank = await _own_rank(deps, queue, uri, fact)
-    older = await deps.db.facts.green_older_than(queue, own_rank, SEARCH_LIMIT)
+
+class Green(Protocol):
+    """A green answer the search can walk: its commit and the Request that gave it."""
+
+    @property
+    def uri(self) -> str: ...
+
+    @property
+    def request_id(self) -> str: ...
+
+
+G = TypeVar("G", bound=Green)
+
+
+@dataclass(frozen=True)
+class Nearest(Generic[G]):
+    prior: G | None  # the newest green ancestor
+    following: G | None  # the oldest green descendant
+    searched: int  # green answers whose ancestry was examined
+    complete: bool  # False when SEARCH_LIMIT cut a search short
+
+
+async def nearest_greens(
+        source_control: SourceControl, uri: str, own_rank: Order | None,
+        older_than: Callable[[Order | None], Awaitable[Sequence[G]]],
+        newer_than: Callable[[Order], Awaitable[Sequence[G]]]) -> Nearest[G]:
+    """The newest green ancestor and the oldest green descendant of ``uri`` among the
+    green answers ``older_than`` (newest first, below a rank; None: all) and
+    ``newer_than`` (oldest first, above a rank) list, at most `SEARCH_LIMIT` each way.
+    ``own_rank`` is where the commit sorts (None: never validated)."""
+    older = await older_than(own_rank)
     prior, looked_back, back_done = await _first_match(
         older, lambda green: source_control.is_ancestor(green.uri, uri))
     # a green descendant was ingested after the commit itself, or at least after its
     # green ancestor
     floor = own_rank if own_rank is not None else (
         request_order(prior.request_id) if prior is not None else (0, 0, 0))
-    newer = await deps.db.facts.green_newer_than(queue, floor, SEARCH_LIMIT)
+    newer = await newer_than(floor)
     following, looked_ahead, ahead_done = await _first_match(
         newer, lambda green: source_control.is_ancestor(uri, green.uri))
-    return GreenAnswer(queue, uri, committed_at, fact, prior, following,
-                       looked_back + looked_ahead,
-                       (back_done or len(older) < SEARCH_LIMIT)
-                       and (ahead_done or len(newer) < SEARCH_LIMIT))
+    return Nearest(prior, following, looked_back + looked_ahead,
+                   (back_done or len(older) < SEARCH_LIMIT)
+                   and (ahead_done or len(newer) < SEARCH_LIMIT))
 
 
-async def _own_rank(deps: Deps, queue: str, uri: str,
-                    fact: ValidationFact | None) -> Order | None:
+async def commit_rank(deps: Deps, queue: str, uri: str,
+                      answered_by: str | None) -> Order | None:
     """Where the commit ``uri`` sorts among the queue's Requests (its first validation's
-    order; None: the queue never validated it)."""
-    if fact is not None:
-        return request_order(commit_request_id(fact.request_id))
+    order; None: the queue never validated it). ``answered_by``: the Request whose fact
+    answers for the commit, when there is one (its place is the commit's)."""
+    if answered_by is not None:
+        return request_order(commit_request_id(answered_by))
     try:
         request_id = (await deps.db.request_uris.get(queue, uri)).request_id
     except NotFound:
@@ -90,9 +129,8 @@ async def _own_rank(deps: Deps, queue: str, uri: str,
 
 
 async def _first_match(
-        candidates: Sequence[ValidationFact],
-        related: Callable[[ValidationFact], Awaitable[bool]],
-) -> tuple[ValidationFact | None, int, bool]:
+        candidates: Sequence[G], related: Callable[[G], Awaitable[bool]],
+) -> tuple[G | None, int, bool]:
     """The first candidate ``related`` accepts, how many were examined, and whether the
     search ended by finding one. A candidate whose commit left the repository (a rewrite
     and a garbage collection) is passed over."""

@@ -188,7 +188,7 @@ async def queue_history(deps: Deps, queue: str, limit: int,
                               + ([search.culprit_uri] if search and search.culprit_uri else [])))
     described = await descriptions.of(db, queue, uris,
                                       lambda: deps.extensions.source_control(queue))
-    link = _linker(deps, queue)
+    link = build_linker(deps, queue)
 
     entries = [_entry(r, facts.get(r.id), builds.get(r.id), described.get(r.uri), link,
                       culprit=search is not None and r.id == search.culprit_request_id,
@@ -270,7 +270,7 @@ def build_log_path(queue: str, build_id: str) -> str:
     return f"/api/builds/{quote(queue, safe='/')}/{quote(build_id, safe='')}/log"
 
 
-def _linker(deps: Deps, queue: str) -> Callable[[Build], BuildLink]:
+def build_linker(deps: Deps, queue: str) -> Callable[[Build], BuildLink]:
     """How this queue's builds are linked (decided once per read)."""
     url_of: Callable[[str], str | None] = lambda build_id: None  # noqa: E731
     kind: str | None = None

@@ -21,6 +21,26 @@ def required_param(request: web.Request, name: str) -> str:
     return value
 
 
+def project_param(request: web.Request) -> str | None:
+    """The project a gate asks about (``project=P``), or None for the whole repository."""
+    given = request.query.getall("project", [])
+    if not given:
+        return None
+    if len(given) > 1 or not given[0].strip():
+        raise ApiError(400, "name one project with the query parameter 'project', e.g. "
+                            "project=api (leave it out to ask about the whole repository)")
+    return given[0].strip()
+
+
+def format_param(request: web.Request) -> str:
+    """``json`` (the default) or ``text`` (``format=text``: the bare sha)."""
+    wanted = request.query.get("format", "json")
+    if wanted not in ("json", "text"):
+        raise ApiError(400, f"query parameter 'format' is 'json' (the default) or 'text' "
+                            f"(the bare sha), got {wanted[:40]!r}")
+    return wanted
+
+
 def commit_param(request: web.Request) -> tuple[str, str]:
     """("sha", value) or ("uri", value): the commit a gate asks about, named exactly one
     way."""
@@ -71,10 +91,12 @@ def int_param(request: web.Request, name: str, default: int, low: int, high: int
 
 async def pin_fields(request: web.Request, *, needs_commit: bool) -> dict[str, str]:
     """The fields of a pin (`{"commit": C, "reason": R, "by": B}`) or an unpin
-    (`{"by": B}`): each a non-empty string."""
+    (`{"by": B}`), each with an optional `"project": P` (a project's own promotion ref):
+    each a non-empty string."""
     wanted = {"commit", "reason", "by"} if needs_commit else {"by"}
-    example = ('{"commit": "<sha, prefix or URI>", "reason": "<why>", "by": "<who>"}'
-               if needs_commit else '{"by": "<who>"}')
+    example = ('{"commit": "<sha, prefix or URI>", "reason": "<why>", "by": "<who>"'
+               ', optionally "project": "<project>"}'
+               if needs_commit else '{"by": "<who>", optionally "project": "<project>"}')
     if request.content_length is not None and request.content_length > PIN_BODY_LIMIT:
         raise ApiError(413, f"the body is at most {PIN_BODY_LIMIT} bytes")
     raw = await request.content.read(PIN_BODY_LIMIT + 1)
@@ -84,7 +106,8 @@ async def pin_fields(request: web.Request, *, needs_commit: bool) -> dict[str, s
         body = json.loads(raw) if raw.strip() else None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"the body is not JSON ({exc}); send {example}") from None
-    if not isinstance(body, dict) or set(body) != wanted or not all(
+    if not isinstance(body, dict) or not wanted <= set(body) <= wanted | {"project"} \
+            or not all(
             isinstance(v, str) and v.strip() for v in body.values()):
         raise ApiError(400, f"the body is {example}, every field a non-empty string")
     return {k: v.strip() for k, v in body.items()}

@@ -25,7 +25,7 @@ from store import (
     ValidationFact,
     parse_request_id,
 )
-from streams.config.names import validate_queue_name
+from streams.config.names import validate_queue_name, validate_queue_or_scope_name
 from streams.extensions.sourcecontrol import SourceControlError
 from streams.runtime.topic_admin import read_watermarks
 
@@ -78,10 +78,11 @@ class RequestDetail:
 
 
 def parse_request_path(request_id: str) -> str:
-    """The queue of a `request/<queue>/<n>` or `request/<queue>/<n>.<k>` id. ValueError
+    """The queue (or a project's scope, `<queue>#<project>`) of a `request/<queue>/<n>`
+    or `request/<queue>/<n>.<k>` id. ValueError
     (or its subclass InvalidQueueName) naming the problem for anything else."""
     queue, _ = parse_request_id(request_id)
-    validate_queue_name(queue)
+    validate_queue_or_scope_name(queue)  # a project's Requests are its scope's
     return queue
 
 
@@ -145,11 +146,22 @@ class Pin:
 
 
 @dataclass(frozen=True)
+class PromotionProblemView:
+    reason: str  # why the ref is not where the queue says it belongs (the last failure)
+    since: datetime
+
+
+@dataclass(frozen=True)
 class PromotionRef:
     name: str
     target: str | None  # None: not promoted yet, or the repository did not answer
     target_known: bool  # whether the repository answered
     pinned: Pin | None = None  # None: it follows the bookmark
+    # where the queue says it belongs: the pin, else the bookmark (None: nowhere yet)
+    wanted: str | None = None
+    problem: PromotionProblemView | None = None  # None: no failed move since the last
+    # the repository answered, and the ref is not where the queue says it belongs
+    differs: bool = False
 
 
 def pin_of(row: Queue | None) -> Pin | None:
@@ -189,20 +201,28 @@ async def queue_overview(deps: Deps, name: str) -> QueueOverview:
         in_flight=row.in_flight_count if row else 0,
         last_green_uri=row.last_green_uri if row else None,
         last_green_request_id=row.last_green_request_id if row else None,
-        promotion_ref=await promotion_ref(deps, name, pin_of(row)),
+        promotion_ref=await promotion_ref(deps, name, pin_of(row), row),
         latest_request=latest,
     )
 
 
-async def promotion_ref(deps: Deps, name: str, pinned: Pin | None) -> PromotionRef | None:
+async def promotion_ref(deps: Deps, name: str, pinned: Pin | None,
+                        row: Queue | None = None) -> PromotionRef | None:
+    """The queue's promotion ref: where it is (asked of the repository), where the queue
+    says it belongs (``row``: the pin, else the bookmark), and the last failed move."""
     ref_name = getattr(deps.queue_config(name).source_control, "promotion_ref", None)
     if not ref_name:
         return None
+    wanted = (pinned.uri if pinned is not None
+              else row.last_green_uri if row is not None else None)
+    found = await deps.db.pins.problem(name)
+    problem = PromotionProblemView(found.reason, found.at) if found is not None else None
     try:
         target = await deps.extensions.source_control(name).promotion_target()
     except SourceControlError:  # the rest of the overview still answers
-        return PromotionRef(ref_name, None, False, pinned)
-    return PromotionRef(ref_name, target, True, pinned)
+        return PromotionRef(ref_name, None, False, pinned, wanted, problem)
+    return PromotionRef(ref_name, target, True, pinned, wanted, problem,
+                        differs=wanted is not None and target != wanted)
 
 
 # --- health -----------------------------------------------------------------------------

@@ -10,16 +10,37 @@ from typing import Any
 
 from aiohttp import web
 
-from store import NotFound
-from streams.config.names import UnknownQueue, validate_queue_name
-from streams.extensions.sourcecontrol import CommitNotFound
+from store import NotFound, ValidationFact
+from streams.config.names import (
+    UnknownQueue,
+    validate_queue_name,
+    validate_queue_or_scope_name,
+)
+from streams.extensions.sourcecontrol import CommitNotFound, commit_sha
 from streams.runtime.stage import Delivery
 from streams.stages import gauges
 from streams.stages.deps import Deps
-from streams.web import gate, greens, history, queries, story
+from streams.web import (
+    gate,
+    greens,
+    grid,
+    history,
+    project_answers,
+    project_states,
+    project_story,
+    queries,
+    story,
+)
 from streams.web.errors import ApiError
-from streams.web.params import commit_param, int_param, required_param
-from streams.web.responses import json_answer
+from streams.web.params import (
+    commit_param,
+    format_param,
+    int_param,
+    project_param,
+    required_param,
+)
+from streams.web.project_answers import ProjectFact, check_projects
+from streams.web.responses import json_answer, text_answer
 
 READ_DEADLINE = 5.0  # seconds a read may take before it answers 503
 GATE_DEADLINE = 15.0  # a green search also asks the repository about ancestry
@@ -70,6 +91,15 @@ class Reads:
             return json_answer(await history.queue_history(deps, queue, limit,
                                                      self._commit_descriptions))
 
+    async def queue_grid(self, request: web.Request, queue: str) -> web.Response:
+        limit = int_param(request, "limit", grid.DEFAULT_LIMIT, 1, grid.MAX_LIMIT)
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        deps.queue_config(queue)
+        async with asyncio.timeout(READ_DEADLINE):
+            return json_answer(await grid.project_grid(deps, queue, limit,
+                                                       self._commit_descriptions))
+
     @cached_property
     def _commit_descriptions(self) -> history.CommitDescriptions:
         return history.CommitDescriptions()
@@ -93,44 +123,101 @@ class Reads:
     async def fact(self, request: web.Request) -> web.Response:
         queue = required_param(request, "queue")
         by, commit = commit_param(request)
+        project = project_param(request)
         validate_queue_name(queue)
         deps = self._delivery().deps
-        body: dict[str, Any] = {"queue": queue, by: commit}
+        body: dict[str, Any] = {"queue": queue, by: commit,
+                                **({"project": project} if project is not None else {})}
         if by == "uri":
             try:
                 deps.queue_config(queue)
             except UnknownQueue as exc:  # still not green, and say why
                 return json_answer({**body, "green": False, "fact": None, "known": False,
                               "reason": str(exc), "note": str(exc)})
+        if project is not None:
+            check_projects(deps.queue_config(queue), [project])
         try:
             async with asyncio.timeout(GATE_DEADLINE):
                 uri = await _resolved(deps, queue, commit) if by == "sha" else commit
                 body["uri"] = uri
-                fact = await queries.fact_or_none(deps.db, queue, uri)
+                fact: ValidationFact | ProjectFact | None = (
+                    await queries.fact_or_none(deps.db, queue, uri) if project is None
+                    else await project_answers.project_fact(deps, queue, project, uri))
                 if fact is None:  # a fact proves the commit; without one, ask
                     await deps.extensions.source_control(queue).commit_time(uri)
         except CommitNotFound as exc:
             return json_answer(_unknown_commit(body, exc))
         return json_answer({**body, "green": fact is not None and fact.is_green, "fact": fact,
-                      "known": True})
+                      "known": True, **_inheritance(project, fact)})
 
     async def green(self, request: web.Request, queue: str) -> web.Response:
         by, commit = commit_param(request)
+        project = project_param(request)
         validate_queue_name(queue)
         deps = self._delivery().deps
-        deps.queue_config(queue)
-        body: dict[str, Any] = {"queue": queue, by: commit}
+        config = deps.queue_config(queue)
+        if project is not None:
+            check_projects(config, [project])
+        body: dict[str, Any] = {"queue": queue, by: commit,
+                                **({"project": project} if project is not None else {})}
         try:
             async with asyncio.timeout(GATE_DEADLINE):
                 uri = await _resolved(deps, queue, commit) if by == "sha" else commit
                 body["uri"] = uri
-                answer = await gate.green_answer(deps, queue, uri)
+                answer: gate.GreenAnswer | project_answers.ProjectGreenAnswer = (
+                    await gate.green_answer(deps, queue, uri) if project is None else
+                    await project_answers.project_green_answer(deps, queue, project, uri))
         except CommitNotFound as exc:
             return json_answer(_unknown_commit(body, exc))
         return json_answer({**body, "uri": answer.uri, "committed_at": answer.committed_at,
                       "green": answer.green, "known": True, "fact": answer.fact,
                       "prior_green": answer.prior_green, "next_green": answer.next_green,
-                      "searched": answer.searched, "complete": answer.complete})
+                      "searched": answer.searched, "complete": answer.complete,
+                      **_inheritance(project, answer.fact)})
+
+    # --- projects (issue 24): the newest commit green for several, each one's state ------
+
+    async def last_green(self, request: web.Request, queue: str) -> web.Response:
+        as_text = format_param(request) == "text"
+        raw = request.query.getall("projects", [])
+        names = project_answers.projects_param(",".join(raw)) if raw else []
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        config = deps.queue_config(queue)
+        projects = check_projects(config, names) if names else ()
+        async with asyncio.timeout(READ_DEADLINE):
+            answer = await project_answers.last_green(deps, queue, projects)
+        if as_text:
+            if not answer.found or answer.uri is None:
+                raise ApiError(404, answer.reason or "no green commit")
+            return text_answer(answer.sha or answer.uri)
+        return json_answer(answer)
+
+    async def projects(self, request: web.Request, queue: str) -> web.Response:
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        config = deps.queue_config(queue)
+        check_projects(config, [])  # a queue without projects: 404 saying so
+        async with asyncio.timeout(READ_DEADLINE):
+            views = await project_states.project_views(deps, queue, list(config.projects),
+                                                       self._commit_descriptions)
+        return json_answer({"queue": queue, "projects": views})
+
+    async def project(self, request: web.Request, queue: str, project: str) -> web.Response:
+        as_text = format_param(request) == "text"
+        validate_queue_name(queue)
+        deps = self._delivery().deps
+        check_projects(deps.queue_config(queue), [project])
+        async with asyncio.timeout(READ_DEADLINE):
+            if as_text:  # the bare sha of the project's last green commit, as Bazel's
+                state = await deps.db.projects.state(queue, project)
+                if state.last_green_uri is None:
+                    raise ApiError(404, f"project {project!r} of queue {queue!r} has no "
+                                        f"green commit yet")
+                return text_answer(commit_sha(state.last_green_uri) or state.last_green_uri)
+            [view] = await project_states.project_views(deps, queue, [project],
+                                                        self._commit_descriptions)
+        return json_answer({"queue": queue, **queries.jsonable(view)})
 
     # --- the branch's story, its health, its green commits, a build's log (issue 18) ----
 
@@ -146,11 +233,16 @@ class Reads:
                 "health": health}
 
     async def explain(self, request: web.Request, queue: str) -> web.Response:
+        project = project_param(request)
         validate_queue_name(queue)
         deps = self._delivery().deps
-        deps.queue_config(queue)
+        config = deps.queue_config(queue)
+        if project is not None:
+            check_projects(config, [project])
         async with asyncio.timeout(READ_DEADLINE):
-            told = await story.explain(deps, queue, self._commit_descriptions)
+            told = (await story.explain(deps, queue, self._commit_descriptions)
+                    if project is None else await project_story.explain_project(
+                        deps, queue, project, self._commit_descriptions))
         return json_answer(told)
 
     async def queue_health(self, request: web.Request, queue: str) -> web.Response:
@@ -187,7 +279,7 @@ class Reads:
 
     async def build_log(self, request: web.Request, queue: str,
                         build_id: str) -> web.Response:
-        validate_queue_name(queue)
+        validate_queue_or_scope_name(queue)  # a project's builds are its scope's
         deps = self._delivery().deps
         deps.queue_config(queue)
         async with asyncio.timeout(READ_DEADLINE):
@@ -218,8 +310,18 @@ async def _resolved(deps: Deps, queue: str, commit: str) -> str:
         raise ApiError(400, str(exc)) from None
 
 
+def _inheritance(project: str | None,
+                 fact: ValidationFact | ProjectFact | None) -> dict[str, Any]:
+    """What a project's answer adds: whether it is inherited, and from which commit."""
+    if project is None:
+        return {}
+    inherited = isinstance(fact, ProjectFact) and fact.unaffected
+    return {"unaffected": inherited,
+            "inherited_from": fact.inherited_from if isinstance(fact, ProjectFact) else None}
+
+
 def _unknown_commit(asked: dict[str, Any], exc: CommitNotFound) -> dict[str, Any]:
     """A gate's answer about a commit the repository does not have: not green, and why
     (a 200, so a gate reading `.green` needs no special case)."""
     return {"uri": None, **asked, "green": False, "fact": None, "known": False,
-            "reason": str(exc)}
+            "reason": str(exc), **_inheritance(asked.get("project"), None)}

@@ -20,6 +20,7 @@ from streams.extensions.sourcecontrol import (
 from streams.runtime.classify import is_retryable
 from streams.web import queries
 from streams.web.errors import ApiError
+from streams.web.project_answers import InvalidProjectName, UnknownProject
 
 log = logging.getLogger("stovepipe.http")
 
@@ -28,6 +29,12 @@ def json_answer(body: Any, status: int = 200,
                 headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response(queries.jsonable(body), status=status, headers=headers,
                              dumps=lambda value: json.dumps(value, sort_keys=True))
+
+
+def text_answer(text: str) -> web.Response:
+    """A bare value as text/plain (a sha, for a script's ``$(curl …)``)."""
+    return web.Response(text=f"{text}\n", content_type="text/plain", charset="utf-8",
+                        headers={"Cache-Control": "no-cache"})
 
 
 def error_answer(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -43,8 +50,10 @@ def error_response(exc: Exception) -> web.Response:
         return error_answer(exc.status, exc.message, headers)
     if isinstance(exc, InvalidQueueName):
         return error_answer(400, str(exc))
-    if isinstance(exc, UnknownQueue):
+    if isinstance(exc, UnknownQueue | UnknownProject):
         return error_answer(404, str(exc))
+    if isinstance(exc, InvalidProjectName):
+        return error_answer(400, str(exc))
     if isinstance(exc, NotFound):
         return error_answer(404, str(exc))
     if isinstance(exc, CommitNotFound):

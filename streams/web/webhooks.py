@@ -13,6 +13,9 @@ The answers, each JSON:
 - 413 a body over `MAX_BODY` bytes (25 MB, GitHub's cap on a payload); 401 a missing or
   wrong signature (GitHub) or token (GitLab); 400 an unreadable delivery — in each case
   nothing is ingested;
+- 503 with ``Retry-After`` when `WebhookLimits.bodies` bodies of the provider are being
+  read already, 408 (and the connection closed) for a body not sent within
+  `WebhookLimits.read_timeout` of its headers: nothing is read, or kept, for them;
 - 200 a ping (GitHub), or a delivery already ingested (``already_ingested: true`` with
   the Requests it found or minted);
 - 202 a verified delivery that asks nothing: another event, a tag, a deleted branch, or
@@ -27,10 +30,19 @@ The delivery id: GitHub's ``X-GitHub-Delivery``; GitLab's ``Idempotency-Key``, e
 ``X-Gitlab-Event-UUID`` together with what the hook is about (`pushes.gitlab_delivery_id`:
 GitLab shares one UUID among every hook a request fires), else a digest of the body.
 
-A body is read in chunks into one buffer (never a second copy of it); checking the
-signature of a large one and parsing it run in a worker thread: hashing releases the GIL,
-and the JSON parser, which holds it in stretches, lets the loop run between them (a
-25 MB push held the loop for at most about 80 ms at once, against some 140 ms inline).
+What an unauthenticated sender can make a worker hold is bounded (design §6, "Bounded").
+No buffer is sized by what the request says: a body is read in chunks into one buffer
+that grows with what has arrived (no second copy of it kept), so a sender that declares
+25 MB and sends little costs little. GitLab's token is a header, compared before any of
+the body is read. GitHub's signature covers the whole body, so a GitHub body is read
+before it is authenticated: at most `WebhookLimits.bodies` at once per provider (beyond
+that a delivery is turned away at once, not queued, since each waiting connection would
+hold aiohttp's read buffer), each within `WebhookLimits.read_timeout` — at most
+``bodies`` x 25 MB for senders without the secret, however many or slow they are.
+Checking the signature of a large body and parsing it run in a worker thread: hashing
+releases the GIL, and the JSON parser, which holds it in stretches, lets the loop run
+between them (a 25 MB push held the loop for at most about 80 ms at once, against some
+140 ms inline).
 
 Neither the secret nor the signature or token sent appears in an answer or a log line.
 """
@@ -40,9 +52,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -51,7 +65,8 @@ from prometheus_client import Counter
 from store import DeliveryState, WebhookDelivery, parse_request_id
 from store.webhook_deliveries import KEEP_DELIVERIES
 from streams.config.queues import QueuesConfig
-from streams.config.webhooks import Provider
+from streams.config.settings import DEFAULT_WEBHOOK_BODIES, DEFAULT_WEBHOOK_READ_TIMEOUT
+from streams.config.webhooks import PROVIDERS, Provider
 from streams.runtime.logs import bounded
 from streams.runtime.stage import Delivery
 from streams.stages.deps import Deps
@@ -83,6 +98,8 @@ CLAIM_WAIT = 15.0  # how long a delivery waits while another with its id is inge
 CLAIM_POLL = 0.1
 STALE_CLAIM = 60.0  # a claim older than this outlived its claimant's deadline: it died
 
+_NAMES: dict[Provider, str] = {"github": "GitHub", "gitlab": "GitLab"}
+
 DELIVERIES = Counter(
     "stovepipe_webhook_deliveries_total",
     "Push webhook deliveries, by provider and what became of them.",
@@ -90,17 +107,33 @@ DELIVERIES = Counter(
 )
 
 
+@dataclass(frozen=True)
+class WebhookLimits:
+    """How much webhook bodies may cost one worker before they are authenticated:
+    ``bodies`` read at once per provider, each within ``read_timeout`` seconds of its
+    headers (worker ``--webhook-bodies``, ``--webhook-read-timeout``)."""
+
+    bodies: int = DEFAULT_WEBHOOK_BODIES
+    read_timeout: float = DEFAULT_WEBHOOK_READ_TIMEOUT
+
+
+DEFAULT_LIMITS = WebhookLimits()
+
+
 class Webhooks:
     """The two endpoints. ``pipeline`` returns the worker's delivery (its deps and its
     publisher) or raises a 503 ApiError while the worker is starting."""
 
-    def __init__(self, pipeline: Callable[[], Delivery[Deps]]) -> None:
+    def __init__(self, pipeline: Callable[[], Delivery[Deps]],
+                 limits: WebhookLimits = DEFAULT_LIMITS) -> None:
         self.pipeline = pipeline
+        self.limits = limits
+        self._reading: dict[Provider, int] = dict.fromkeys(PROVIDERS, 0)
 
     async def github(self, request: web.Request) -> web.Response:
         pipeline = self.pipeline()
         secret = self._secret(pipeline.deps, "github")
-        body = await _read_body(request, "github")
+        body = await self._read_body(request, "github")
         signature = request.headers.get("X-Hub-Signature-256")
         delivery = request.headers.get("X-GitHub-Delivery")
         if not signature:
@@ -121,7 +154,6 @@ class Webhooks:
     async def gitlab(self, request: web.Request) -> web.Response:
         pipeline = self.pipeline()
         secret = self._secret(pipeline.deps, "gitlab")
-        body = await _read_body(request, "gitlab")
         token = request.headers.get("X-Gitlab-Token")
         key = request.headers.get("Idempotency-Key")
         event_uuid = request.headers.get("X-Gitlab-Event-UUID")
@@ -134,6 +166,7 @@ class Webhooks:
         if not gitlab_token_matches(secret, token):
             self._reject("gitlab", delivery, "wrong token")
             raise _unauthorized("X-Gitlab-Token is not the configured secret token")
+        body = await self._read_body(request, "gitlab")  # only once the token matches
         event = await _work(body, lambda: _read(lambda: gitlab_event(
             request.headers.get("X-Gitlab-Event", ""), body), "gitlab"))
         return await self._act(pipeline, "gitlab", await _work(body, lambda: _read(
@@ -155,6 +188,36 @@ class Webhooks:
                                    f"queues.yaml has no webhooks.{provider}.{field}")
                                 + "; nothing is accepted unverified")
         return secret
+
+    async def _read_body(self, request: web.Request, provider: Provider) -> Body:
+        """The raw body (`_read_raw_body`) if it fits: 413 past `MAX_BODY` (by its declared
+        length before anything is read); 503 with Retry-After while `WebhookLimits.bodies`
+        of this provider are being read; 408, closing the connection, when it has not
+        all arrived within `WebhookLimits.read_timeout` of the headers."""
+        if request.content_length is not None and request.content_length > MAX_BODY:
+            DELIVERIES.labels(provider=provider, outcome="invalid").inc()
+            raise _too_large()
+        limits = self.limits
+        if self._reading[provider] >= limits.bodies:
+            DELIVERIES.labels(provider=provider, outcome="busy").inc()
+            log.warning("webhook_busy provider=%s reading=%d", provider,
+                        self._reading[provider])
+            raise ApiError(503, f"{limits.bodies} {_NAMES[provider]} webhook bodies are "
+                                f"being read already; send it again shortly",
+                           headers={"Retry-After": f"{math.ceil(limits.read_timeout)}"})
+        # no await between the check and the count: a slot is never given twice
+        self._reading[provider] += 1
+        try:
+            async with asyncio.timeout(limits.read_timeout):
+                return await _read_raw_body(request, provider)
+        except TimeoutError:
+            DELIVERIES.labels(provider=provider, outcome="timed_out").inc()
+            log.warning("webhook_timed_out provider=%s timeout=%g", provider,
+                        limits.read_timeout)
+            raise ApiError(408, f"the body was not sent within {limits.read_timeout:g} s "
+                                f"of the headers", close=True) from None
+        finally:
+            self._reading[provider] -= 1
 
     def _reject(self, provider: Provider, delivery: str | None, reason: str) -> None:
         DELIVERIES.labels(provider=provider, outcome="rejected").inc()
@@ -270,34 +333,16 @@ async def _release(deps: Deps, provider: Provider, delivery: str, claim: str) ->
                     bounded(delivery), bounded(exc, 300))
 
 
-async def _read_body(request: web.Request, provider: Provider) -> Body:
+async def _read_raw_body(request: web.Request, provider: Provider) -> Body:
     """The raw body (the signature covers its exact bytes), read chunk by chunk into one
-    buffer — sized up front when the request says its length — so no second copy of it
-    is ever held; 413 past `MAX_BODY`."""
-    too_large = ApiError(413, f"the body is larger than {MAX_BODY} bytes (25 MB, GitHub's "
-                              f"limit for a webhook payload)")
-    length = request.content_length
-    if length is not None and length > MAX_BODY:
-        DELIVERIES.labels(provider=provider, outcome="invalid").inc()
-        raise too_large
-    body = bytearray(length) if length else bytearray()
-    view, size = memoryview(body), 0
-    try:
-        async for chunk in request.content.iter_chunked(READ_CHUNK):
-            end = size + len(chunk)
-            if end > MAX_BODY:
-                DELIVERIES.labels(provider=provider, outcome="invalid").inc()
-                raise too_large
-            if end <= len(view):
-                view[size:end] = chunk
-            else:  # no length given (chunked), or more than it said
-                view.release()
-                body[size:] = chunk
-                view = memoryview(body)
-            size = end
-    finally:
-        view.release()
-    del body[size:]  # less than it said: aiohttp ends the stream early only on an error
+    buffer that grows with what has arrived — never sized by what the request declares,
+    and no second copy of it kept; 413 past `MAX_BODY`."""
+    body = bytearray()
+    async for chunk in request.content.iter_chunked(READ_CHUNK):
+        if len(body) + len(chunk) > MAX_BODY:
+            DELIVERIES.labels(provider=provider, outcome="invalid").inc()
+            raise _too_large()
+        body += chunk
     return body
 
 
@@ -315,6 +360,11 @@ def _read(read: Callable[[], T], provider: Provider) -> T:
     except BadPayload as exc:
         DELIVERIES.labels(provider=provider, outcome="invalid").inc()
         raise ApiError(400, str(exc)) from None
+
+
+def _too_large() -> ApiError:
+    return ApiError(413, f"the body is larger than {MAX_BODY} bytes (25 MB, GitHub's limit "
+                         f"for a webhook payload)")
 
 
 def _unauthorized(message: str) -> ApiError:

@@ -5,10 +5,11 @@ Endpoints (Buildkite REST API v2, https://buildkite.com/docs/apis/rest-api/build
 - ``POST /v2/organizations/{org}/pipelines/{pipeline}/builds`` creates the build: ``commit``
   the head sha, ``branch`` (the configured one, else the head URI's ref), a ``message``,
   ``env`` with STOVEPIPE_HEAD_SHA, STOVEPIPE_BASE_SHA (empty for a full build),
-  STOVEPIPE_HEAD_URI, STOVEPIPE_BASE_URI, STOVEPIPE_QUEUE, STOVEPIPE_REQUEST_ID and
-  STOVEPIPE_STRATEGY (plus the queue's extra ``env``), and ``meta_data``
-  ``stovepipe-trigger`` (the correlation id of the trigger key, see `hosted.correlation_id`)
-  and ``stovepipe-request``;
+  STOVEPIPE_HEAD_URI, STOVEPIPE_BASE_URI, STOVEPIPE_QUEUE, STOVEPIPE_PROJECT (empty
+  unless the build is a monorepo project's), STOVEPIPE_REQUEST_ID and STOVEPIPE_STRATEGY
+  (plus the queue's extra ``env``), and ``meta_data`` ``stovepipe-trigger`` (the
+  correlation id of the trigger key, see `hosted.correlation_id`), ``stovepipe-request``
+  and, for a project's build, ``stovepipe-project``;
 - ``GET …/builds?meta_data[stovepipe-trigger]=<id>&commit=<sha>`` (list builds, filtered):
   before creating, a trigger looks for the build an earlier trigger with the same key
   started (a trigger repeated after a crash), and returns it instead of a second build;
@@ -19,32 +20,14 @@ Endpoints (Buildkite REST API v2, https://buildkite.com/docs/apis/rest-api/build
 A build id is ``bk-<org>/<pipeline>/<number>``: any worker answers status and cancel from
 it and the token alone.
 
-Buildkite's build states, mapped to ours. Green only from ``passed`` on a build that is not
-``blocked``: a build paused at a block step has not run what follows it.
-
-| Buildkite ``state``                            | status    |
-|------------------------------------------------|-----------|
-| ``creating``, ``scheduled``                    | accepted  |
-| ``running``, ``waiting``                       | running   |
-| ``failing`` (1)                                | running   |
-| ``canceling`` (still stopping)                 | running   |
-| ``blocked``, ``passed`` with ``blocked`` (2)   | running   |
-| ``passed`` (not blocked)                       | succeeded |
-| ``failed``, ``waiting_failed``                 | failed    |
-| ``finished`` (3)                               | failed    |
-| ``canceled``                                   | cancelled |
-| ``skipped``, ``not_run`` (4)                   | cancelled |
-| anything else (5)                              | running   |
-
-(1) a job failed, but a retry may still pass the build: wait for its end. (2) paused at a
-block step until a person unblocks it; the poll deadline bounds the wait. (3) a list
-filter, not a state a build reports: over, and not known to have passed. (4) never ran
-(``skipped``: superseded by a newer build of the branch): not validated, no fact. (5) an
-unknown state is never green; the poll deadline ends it.
+How a build's answers map to our statuses, what a build waits for, when it started, and
+how a failed or cancelled build ended: `buildkite_builds`. A failed build's jobs are read
+with one more call (``GET …/builds/{number}`` with its jobs), once per build.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from datetime import timedelta
@@ -55,12 +38,22 @@ from pydantic.dataclasses import dataclass as spec_dataclass
 
 from store.entities import BuildStatus
 from streams.extensions import ExtensionContext
+from streams.extensions.buildrunner.buildkite_builds import (
+    ending_of_canceled,
+    ending_of_failed,
+    ending_of_never_run,
+    started_at_of,
+    status_of,
+    waiting_of,
+)
 from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
 from streams.extensions.buildrunner.hosted import (
     DEFAULT_REQUEST_TIMEOUT,
     ApiUrl,
     BranchName,
     Commits,
+    Ending,
+    Endings,
     ExtraEnv,
     HostedApi,
     Slug,
@@ -80,38 +73,11 @@ DEFAULT_API_URL = "https://api.buildkite.com"
 WEB_URL = "https://buildkite.com"  # where people look at the builds of DEFAULT_API_URL
 TRIGGER_META = "stovepipe-trigger"
 REQUEST_META = "stovepipe-request"
+PROJECT_META = "stovepipe-project"
 _BUILD_ID = re.compile(r"bk-([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)/"
                        r"([1-9][0-9]{0,17})")
 PROVIDER = "buildkite"
-
-STATES: Mapping[str, BuildStatus] = {
-    "creating": BuildStatus.ACCEPTED,
-    "scheduled": BuildStatus.ACCEPTED,
-    "running": BuildStatus.RUNNING,
-    "waiting": BuildStatus.RUNNING,
-    "failing": BuildStatus.RUNNING,
-    "canceling": BuildStatus.RUNNING,
-    "blocked": BuildStatus.RUNNING,
-    "passed": BuildStatus.SUCCEEDED,
-    "failed": BuildStatus.FAILED,
-    "waiting_failed": BuildStatus.FAILED,
-    "finished": BuildStatus.FAILED,
-    "canceled": BuildStatus.CANCELLED,
-    "skipped": BuildStatus.CANCELLED,
-    "not_run": BuildStatus.CANCELLED,
-}
-
-
-def status_of(state: str, blocked: bool) -> BuildStatus:
-    """Our status for a Buildkite build's ``state`` and ``blocked`` flag (the table in the
-    module docstring)."""
-    status = STATES.get(state, BuildStatus.RUNNING)
-    if blocked and status is BuildStatus.SUCCEEDED:
-        # paused at a block step: what follows it has not run (Buildkite reports such a
-        # build as `passed` with `blocked: true`)
-        return BuildStatus.RUNNING
-    return status
-
+log = logging.getLogger("stovepipe.buildrunner.buildkite")
 
 def _rate_limit_wait(status: int, headers: Mapping[str, str], message: str) -> float | None:
     """Buildkite ("REST API rate limits", https://buildkite.com/docs/apis/rest-api/limits)
@@ -177,6 +143,7 @@ class BuildkiteBuildRunner:
         self.env = dict(env or {})
         self.queue = queue
         self.batch_polls = batch_polls
+        self._endings = Endings()
         # Buildkite limits an organization, whatever the token: the budget is its
         self.api = HostedApi(PROVIDER, api_url, token_env, timeout=timeout,
                              headers={"Accept": "application/json"},
@@ -207,13 +174,15 @@ class BuildkiteBuildRunner:
         queue = metadata.get("queue") or self.queue
         env = {**self.env, **build_environment(commits, {**metadata, "queue": queue},
                                                base_uri, head_uri)}
+        meta_data = {TRIGGER_META: correlation, REQUEST_META: metadata.get("request_id", "")}
+        if env["STOVEPIPE_PROJECT"]:  # Buildkite refuses an empty meta-data value
+            meta_data[PROJECT_META] = env["STOVEPIPE_PROJECT"]
         created = await self.api.call("POST", builds, expect=(200, 201), body={
             "commit": commits.head.sha,
             "branch": self.branch or commits.head.ref,
             "message": _message(queue, commits, metadata),
             "env": env,
-            "meta_data": {TRIGGER_META: correlation,
-                          REQUEST_META: metadata.get("request_id", "")},
+            "meta_data": meta_data,
         })
         if not _is_build(created.body):
             raise BuildRunnerError(f"{PROVIDER}: POST {builds} answered without a build "
@@ -237,9 +206,45 @@ class BuildkiteBuildRunner:
         if not isinstance(state, str):
             raise BuildRunnerError(f"{PROVIDER}: build {build_id} answered without a state")
         blocked = build.get("blocked") is True
-        return BuildReport(status_of(state, blocked), {
-            "runner": PROVIDER, "state": state, "blocked": str(blocked).lower(),
-            "web_url": str(build.get("web_url") or "")})
+        metadata = {"runner": PROVIDER, "state": state, "blocked": str(blocked).lower(),
+                    "web_url": str(build.get("web_url") or "")}
+        status = status_of(state, blocked)
+        if state in ("skipped", "not_run"):
+            ending = ending_of_never_run(state)
+        elif status is BuildStatus.FAILED:
+            ending = await self._ending_of_failed(organization, pipeline, number, build)
+        elif status is BuildStatus.CANCELLED:
+            ending = ending_of_canceled(build)
+        else:
+            ending = Ending(status, waiting=waiting_of(state, blocked))
+        return ending.report(metadata, started_at_of(build))
+
+    async def _ending_of_failed(self, organization: str, pipeline: str, number: int,
+                                build: Mapping[str, Any]) -> Ending:
+        """`ending_of_failed` from the build's jobs: one call, once per build while it
+        answers the same (a failed build paused at a block step is asked again only
+        when it changes)."""
+        key = (organization, pipeline, number)
+        answer = (build.get("state"), build.get("blocked") is True, build.get("finished_at"))
+        known = self._endings.get(key, answer)
+        if isinstance(known, Ending):
+            return known
+        try:
+            found = await self.api.call(
+                "GET", f"{_builds_path(organization, pipeline)}/{number}")
+        except BuildRunnerError as exc:
+            if exc.retryable:
+                raise
+            # its jobs cannot be read: red, as a failed build always was
+            log.warning("buildkite_jobs_unreadable build=%s/%s/%d error=%s", organization,
+                        pipeline, number, exc)
+            return Ending(BuildStatus.FAILED, detail=f"Buildkite reports it failed (its "
+                                                     f"jobs could not be read: {exc})")
+        jobs = found.body.get("jobs") if isinstance(found.body, dict) else None
+        ending = ending_of_failed(jobs if isinstance(jobs, list) else [],
+                                  build.get("blocked") is True)
+        self._endings.put(key, answer, ending)
+        return ending
 
     def build_url(self, build_id: str) -> str | None:
         """The build's page on Buildkite; None for a build id of another shape, or an

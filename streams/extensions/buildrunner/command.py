@@ -115,8 +115,9 @@ from streams.extensions.buildrunner.local_builds import (
 )
 from streams.extensions.buildrunner.processes import CHECKOUT, LOG
 from streams.extensions.sourcecontrol.contract import SourceControlError
-from streams.extensions.sourcecontrol.gitrepo import GitRepository, Repository
+from streams.extensions.sourcecontrol.gitrepo import GitRepository
 from streams.extensions.sourcecontrol.gituri import parse_uri
+from streams.extensions.sourcecontrol.gitvalues import Repository
 from streams.schema.fields import SPEC, ConfigPath, Duration, PositiveInt
 
 if TYPE_CHECKING:

@@ -5,7 +5,9 @@ Endpoints (GitHub REST API, https://docs.github.com/rest/actions):
 
 - ``POST /repos/{owner}/{repo}/actions/workflows/{workflow}/dispatches`` with ``ref`` (the
   configured branch, else the head URI's ref), ``inputs`` — the head sha, the base sha
-  (empty for a full build), a correlation id, and the queue's extra inputs — and
+  (empty for a full build), a correlation id, for a monorepo project's build the project
+  (the ``project_input``, which the workflow must then declare), and the queue's extra
+  inputs — and
   ``return_run_details: true``, so GitHub answers ``200`` with the ``workflow_run_id`` it
   started. A GitHub that answers ``204`` without it (GitHub Enterprise Server before the
   feature) is asked for the run instead, below, for up to ``run_search`` seconds; one that
@@ -31,26 +33,8 @@ dispatch answered ``204`` whose run does not show up within ``run_search`` is a 
 error; the retry finds the run if it has appeared meanwhile, and dispatches again only if
 it has not.
 
-A run's ``status`` and ``conclusion``, mapped to ours. Green only from ``success``:
-
-| ``status``                              | ``conclusion``                      | status    |
-|-----------------------------------------|-------------------------------------|-----------|
-| ``requested``, ``queued``, ``pending``  |                                     | accepted  |
-| ``in_progress``, ``waiting`` (1)        |                                     | running   |
-| ``completed``                           | ``success``                         | succeeded |
-| ``completed``                           | ``failure``, ``timed_out``,         | failed    |
-|                                         | ``startup_failure``                 |           |
-| ``completed``                           | ``cancelled``                       | cancelled |
-| ``completed``                           | ``skipped``, ``stale``, ``neutral``,| cancelled |
-|                                         | ``action_required`` (2)             |           |
-| ``completed``                           | none yet (the conclusion follows)   | running   |
-| ``completed``                           | anything else (3)                   | failed    |
-| anything else (4)                       |                                     | running   |
-
-(1) ``waiting``: for a deployment protection rule. (2) did not validate the commit: no
-fact. ``startup_failure`` (no job ran) is failed without a verdict: the attempt could not
-validate the commit and is tried again (design §4). (3) over, and not known to have
-succeeded. (4) an unknown status is never green; the poll deadline ends it.
+How a run's answers map to our statuses, what a run waits for, and how a completed run
+ended (its jobs and their annotations, read once): `github_runs`.
 """
 
 from __future__ import annotations
@@ -67,9 +51,14 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BeforeValidator, Field, model_validator
 from pydantic.dataclasses import dataclass as spec_dataclass
 
-from store.entities import BuildStatus
+from store.entities import split_scope
 from streams.extensions import ExtensionContext
 from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
+from streams.extensions.buildrunner.github_runs import (
+    WAITING,
+    RunEndings,
+    status_of,
+)
 from streams.extensions.buildrunner.hosted import (
     DEFAULT_RATE_LIMIT_WAIT,
     DEFAULT_REQUEST_TIMEOUT,
@@ -97,6 +86,10 @@ PAGES = 10  # GitHub lists at most 1,000 runs for a filtered search
 PER_PAGE = 100
 MAX_INPUTS = 25  # GitHub: a workflow_dispatch event has at most 25 inputs
 DEFAULT_REQUESTS_PER_MINUTE = 2500 / 60  # half of a token's 5,000 an hour
+# of those, the calls that create content (a commit status, a dispatch, a cancel): GitHub's
+# secondary limit allows about 500 an hour ("Rate limits for the REST API", secondary
+# rate limits); Stovepipe stays below it
+DEFAULT_CONTENT_REQUESTS_PER_HOUR = 400.0
 GITHUB_BUDGET = "github"  # the budget's name: shared with the commit-status notifier
 LIST_PAGE = 100  # runs in one list answer (GitHub's largest page)
 ACTIVE_WITHIN = 60.0  # seconds since its last poll that a workflow counts as polled
@@ -106,35 +99,6 @@ _REPOSITORY = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 _WORKFLOW = re.compile(r"[A-Za-z0-9_.-]+\.ya?ml|[1-9][0-9]*")
 _INPUT = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _BUILD_ID = re.compile(r"gha-([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)/([1-9][0-9]{0,18})")
-
-STATUSES: Mapping[str, BuildStatus] = {
-    "requested": BuildStatus.ACCEPTED,
-    "queued": BuildStatus.ACCEPTED,
-    "pending": BuildStatus.ACCEPTED,
-    "in_progress": BuildStatus.RUNNING,
-    "waiting": BuildStatus.RUNNING,
-}
-CONCLUSIONS: Mapping[str, BuildStatus] = {
-    "success": BuildStatus.SUCCEEDED,
-    "failure": BuildStatus.FAILED,
-    "timed_out": BuildStatus.FAILED,
-    "startup_failure": BuildStatus.FAILED,
-    "cancelled": BuildStatus.CANCELLED,
-    "skipped": BuildStatus.CANCELLED,
-    "stale": BuildStatus.CANCELLED,
-    "neutral": BuildStatus.CANCELLED,
-    "action_required": BuildStatus.CANCELLED,
-}
-
-
-def status_of(status: str, conclusion: str | None) -> BuildStatus:
-    """Our status for a run's ``status`` and ``conclusion`` (the table in the module
-    docstring)."""
-    if status != "completed":
-        return STATUSES.get(status, BuildStatus.RUNNING)
-    if not conclusion:
-        return BuildStatus.RUNNING
-    return CONCLUSIONS.get(conclusion, BuildStatus.FAILED)
 
 
 SECONDARY_RATE_LIMIT_WAIT = 60.0  # GitHub: "wait for at least one minute before retrying"
@@ -223,6 +187,7 @@ class GitHubActionsBuildRunnerSpec:
     head_input: InputName = "head"
     base_input: InputName = "base"
     id_input: InputName = "stovepipe_id"
+    project_input: InputName = "project"  # sent only for a project's build
     inputs: Annotated[dict[str, str], BeforeValidator(_extra_inputs)] | None = None
     run_search: Duration = timedelta(seconds=DEFAULT_RUN_SEARCH)
     lookback: Duration = timedelta(seconds=DEFAULT_LOOKBACK)
@@ -230,6 +195,10 @@ class GitHubActionsBuildRunnerSpec:
     # Stovepipe's share of the token's limit (5,000 an hour), divided among the workers:
     # half, leaving the other half to whatever else uses the token
     requests_per_minute: PositiveFloat = DEFAULT_REQUESTS_PER_MINUTE
+    # of those, the calls that create content (dispatches, cancels; commit statuses on
+    # the same token count too), an hour, divided among the workers: below the about 500
+    # an hour GitHub allows
+    content_requests_per_hour: PositiveFloat = DEFAULT_CONTENT_REQUESTS_PER_HOUR
     # poll a workflow's running runs with one list call (False: one call per run)
     batch_polls: Flag = True
     kind: Literal["github_actions"] = "github_actions"
@@ -237,12 +206,14 @@ class GitHubActionsBuildRunnerSpec:
     @model_validator(mode="after")
     def _distinct_inputs(self) -> GitHubActionsBuildRunnerSpec:
         names = [self.head_input, self.base_input, self.id_input]
-        if len(set(names)) != 3:
-            raise ValueError(f"head_input, base_input and id_input must differ, got {names}")
-        clash = sorted(set(names) & set(self.inputs or {}))
+        named = [*names, self.project_input]
+        if len(set(named)) != len(named):
+            raise ValueError(f"head_input, base_input, id_input and project_input must "
+                             f"differ, got {named}")
+        clash = sorted(set(named) & set(self.inputs or {}))
         if clash:
             raise ValueError(f"inputs {clash} are set by Stovepipe (head_input, base_input, "
-                             f"id_input)")
+                             f"id_input, project_input)")
         count = len(names) + len(self.inputs or {})
         if count > MAX_INPUTS:
             raise ValueError(f"a workflow_dispatch takes at most {MAX_INPUTS} inputs, and "
@@ -255,10 +226,12 @@ class GitHubActionsBuildRunnerSpec:
             self.repository, self.workflow, self.token_env, ref=self.ref,
             api_url=self.api_url,
             input_names=(self.head_input, self.base_input, self.id_input),
-            inputs=self.inputs, run_search=self.run_search.total_seconds(),
+            project_input=self.project_input, inputs=self.inputs,
+            run_search=self.run_search.total_seconds(),
             lookback=self.lookback.total_seconds(),
             timeout=self.request_timeout.total_seconds(),
-            requests_per_minute=self.requests_per_minute, batch_polls=self.batch_polls)
+            requests_per_minute=self.requests_per_minute, batch_polls=self.batch_polls,
+            content_per_hour=self.content_requests_per_hour)
 
 
 class GitHubActionsBuildRunner:
@@ -269,18 +242,21 @@ class GitHubActionsBuildRunner:
     def __init__(self, repository: str, workflow: str, token_env: str, *,
                  ref: str | None = None, api_url: str = DEFAULT_API_URL,
                  input_names: tuple[str, str, str] = ("head", "base", "stovepipe_id"),
+                 project_input: str = "project",
                  inputs: Mapping[str, str] | None = None,
                  run_search: float = DEFAULT_RUN_SEARCH, lookback: float = DEFAULT_LOOKBACK,
                  timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  environ: Mapping[str, str] | None = None,
                  search_poll: float = RUN_SEARCH_POLL,
                  requests_per_minute: float | None = None,
-                 batch_polls: bool = False) -> None:
+                 batch_polls: bool = False,
+                 content_per_hour: float | None = None) -> None:
         self.repository = repository
         self.batch_polls = batch_polls
         self.workflow = workflow
         self.ref = ref
         self.input_names = input_names
+        self.project_input = project_input
         self.inputs = dict(inputs or {})
         self.run_search = run_search
         self.lookback = lookback
@@ -293,7 +269,8 @@ class GitHubActionsBuildRunner:
                                       "X-GitHub-Api-Version": API_VERSION},
                              rate_limit_wait=_rate_limit_wait, environ=environ,
                              requests_per_minute=requests_per_minute,
-                             budget_name=GITHUB_BUDGET)
+                             budget_name=GITHUB_BUDGET, content_per_hour=content_per_hour)
+        self._runs = RunEndings(self.api)
 
     def __repr__(self) -> str:
         return (f"GitHubActionsBuildRunner({self.repository!r}, {self.workflow!r}, "
@@ -317,6 +294,9 @@ class GitHubActionsBuildRunner:
                        base_input: commits.base.sha if commits.base else "",
                        id_input: correlation},
         }
+        project = split_scope(metadata.get("queue") or "")[1]
+        if project:  # a project's build; a queue without projects sends no such input
+            body["inputs"][self.project_input] = project
         if self.run_details is not False:
             answer = await self.api.call("POST", dispatches, expect=(200, 204, 400, 422),
                                          body={**body, "return_run_details": True})
@@ -355,12 +335,12 @@ class GitHubActionsBuildRunner:
         if not isinstance(status, str):
             raise BuildRunnerError(f"{PROVIDER}: run {build_id} answered without a status")
         conclusion = conclusion if isinstance(conclusion, str) else None
-        # a run that failed to start ran no job: no verdict on the commit (design §4)
-        unvalidated = ("the workflow run failed to start (startup_failure)"
-                       if status == "completed" and conclusion == "startup_failure" else "")
-        return BuildReport(status_of(status, conclusion), {
-            "runner": PROVIDER, "status": status, "conclusion": conclusion or "",
-            "html_url": str(run.get("html_url") or "")}, unvalidated)
+        metadata = {"runner": PROVIDER, "status": status, "conclusion": conclusion or "",
+                    "html_url": str(run.get("html_url") or "")}
+        ours = status_of(status, conclusion)
+        if not ours.is_terminal:
+            return BuildReport(ours, metadata, waiting=WAITING.get(status, ""))
+        return (await self._runs.ending_of(repository, run_id, run)).report(metadata)
 
     def build_url(self, build_id: str) -> str | None:
         """The run's page: on github.com for its API, on the server itself for a GitHub
@@ -468,6 +448,8 @@ def parse_build_id(build_id: str) -> tuple[str, int]:
         raise BuildRunnerError(f"not a github_actions build id: {build_id!r} (want "
                                f"{BUILD_ID_PREFIX}<owner>/<repo>/<run id>)")
     return match.group(1), int(match.group(2))
+
+
 
 
 def _is_run_id(value: Any) -> bool:

@@ -15,7 +15,12 @@ each call, and appears in no message, repr or log):
 | a missing token variable, a URI not git's         | no        |                         |
 
 (1) ``Retry-After`` (seconds or an HTTP date), else the provider's rate-limit reset
-header, else 60 s.
+header, else 60 s. A rate limit also pauses the credential for that long, for every call
+of every runner and notifier on it (`streams.extensions.budget`): a call asked meanwhile
+is not sent and fails the same way (retryable, ``retry_after`` the pause's remainder).
+
+Every call first waits its turn in the credential's budget; a call that creates content
+on GitHub (no GET) also in the token's content budget.
 
 The delivery runtime retries no earlier than ``retry_after`` (streams/runtime/policy.py).
 """
@@ -30,8 +35,10 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -39,8 +46,17 @@ from urllib.parse import urlsplit
 import aiohttp
 from pydantic import BeforeValidator
 
-from streams.extensions.budget import Budget, budget_for, budget_key
-from streams.extensions.buildrunner.contract import BuildRunnerError
+from store.entities import BuildStatus, split_scope
+from streams.extensions.budget import (
+    Budget,
+    BudgetWait,
+    budget_for,
+    budget_key,
+    content_budget_for,
+    pause,
+    take_turns,
+)
+from streams.extensions.buildrunner.contract import BuildReport, BuildRunnerError
 from streams.extensions.sourcecontrol.contract import CommitNotFound
 from streams.extensions.sourcecontrol.gituri import GitCommit, check_branch_name, parse_uri
 from streams.schema.fields import is_env_name
@@ -150,16 +166,96 @@ def correlation_id(metadata: Mapping[str, str], base_uri: str | None, head_uri: 
 
 def build_environment(commits: Commits, metadata: Mapping[str, str], base_uri: str | None,
                       head_uri: str) -> dict[str, str]:
-    """What the build sees as STOVEPIPE_* (URIs carry no credentials: design §8)."""
+    """What the build sees as STOVEPIPE_* (URIs carry no credentials: design §8). A
+    project's build (its scope `<queue>#<project>`) names its queue and its project."""
+    queue, project = split_scope(metadata.get("queue", ""))
     return {
         "STOVEPIPE_HEAD_SHA": commits.head.sha,
         "STOVEPIPE_BASE_SHA": commits.base.sha if commits.base else "",
         "STOVEPIPE_HEAD_URI": head_uri,
         "STOVEPIPE_BASE_URI": base_uri or "",
-        "STOVEPIPE_QUEUE": metadata.get("queue", ""),
+        "STOVEPIPE_QUEUE": queue,
+        "STOVEPIPE_PROJECT": project or "",
         "STOVEPIPE_REQUEST_ID": metadata.get("request_id", ""),
         "STOVEPIPE_STRATEGY": metadata.get("strategy", ""),
     }
+
+
+# --- what a provider says of a build -------------------------------------------------
+
+
+def provider_time(value: object) -> datetime | None:
+    """A provider's ISO 8601 timestamp (``2015-05-09T21:05:59.874Z``) as an aware datetime;
+    None when absent or not a time (a time without a zone is taken as UTC)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a build its provider reports over ended, in Stovepipe's terms, as a runner
+    tells it from what the provider answers (its jobs, their annotations)."""
+
+    status: BuildStatus
+    unvalidated: str = ""  # could not validate the commit: why, in words
+    permanent: bool = False  # ... and building it again would end the same way
+    waiting: str = ""  # not over after all: what it waits for
+    detail: str = ""  # a red (or cancelled) one: what failed
+
+    def report(self, metadata: Mapping[str, str],
+               started_at: datetime | None = None) -> BuildReport:
+        """The `BuildReport` of this ending (``detail`` joins the metadata)."""
+        return BuildReport(self.status, {**metadata, **({"detail": self.detail}
+                                                       if self.detail else {})},
+                           self.unvalidated, permanent=self.permanent,
+                           waiting=self.waiting, started_at=started_at)
+
+
+def job_label(job: Mapping[str, Any], *fields: str) -> str:
+    """A job's name for a reason in words: the first of ``fields`` it has, quoted and
+    bounded."""
+    name = next((job[f] for f in fields if job.get(f)), "?")
+    return repr(" ".join(str(name).split())[:80])
+
+
+def listed(what: str, items: list[str], most: int = 5) -> str:
+    """``what`` (made plural for more than one) and the first ``most`` of ``items``."""
+    shown = "; ".join(items[:most])
+    more = f"; and {len(items) - most} more" if len(items) > most else ""
+    return f"{what}{'s' if len(items) > 1 else ''} {shown}{more}"
+
+
+ENDINGS_KEPT = 1000  # builds whose ending a runner remembers (`Endings`)
+
+
+class Endings:
+    """What a runner found out, with extra calls, about how a build ended (its jobs, their
+    annotations), remembered per build for as long as the build answers the same: a
+    build polled again (a redelivery, a duplicate loop, a status stored meanwhile) costs
+    no second look. Bounded: the oldest are forgotten first."""
+
+    def __init__(self, kept: int = ENDINGS_KEPT) -> None:
+        self._kept = kept
+        self._found: OrderedDict[Hashable, tuple[Hashable, Any]] = OrderedDict()
+
+    def get(self, build: Hashable, answer: Hashable) -> Any | None:
+        """What was found of ``build`` while it answered ``answer`` (None: nothing)."""
+        found = self._found.get(build)
+        if found is None or found[0] != answer:
+            return None
+        self._found.move_to_end(build)
+        return found[1]
+
+    def put(self, build: Hashable, answer: Hashable, ending: Any) -> None:
+        self._found[build] = (answer, ending)
+        self._found.move_to_end(build)
+        while len(self._found) > self._kept:
+            self._found.popitem(last=False)
 
 
 # --- the HTTP client --------------------------------------------------------------------
@@ -207,12 +303,15 @@ class HostedApi:
                  environ: Mapping[str, str] | None = None,
                  requests_per_minute: float | None = None,
                  budget_scope: str | None = None,
-                 budget_name: str | None = None) -> None:
+                 budget_name: str | None = None,
+                 content_per_hour: float | None = None) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         if requests_per_minute is not None and requests_per_minute <= 0:
             raise ValueError(f"requests_per_minute must be positive, got "
                              f"{requests_per_minute}")
+        if content_per_hour is not None and content_per_hour <= 0:
+            raise ValueError(f"content_per_hour must be positive, got {content_per_hour}")
         self.provider = provider
         self.api_url = api_url.rstrip("/")
         self.token_env = token_env
@@ -223,6 +322,9 @@ class HostedApi:
         self.requests_per_minute = requests_per_minute
         self.budget_scope = budget_scope
         self.budget_name = budget_name or provider  # one name per provider's limits
+        # calls that are no GET also draw from the credential's budget of content-creating
+        # calls (GitHub's secondary limit), when given
+        self.content_per_hour = content_per_hour
         self._headers = {"User-Agent": "stovepipe", **(headers or {})}
         self._rate_limit_wait = rate_limit_wait or (lambda status, headers, message: None)
         self._environ = environ if environ is not None else os.environ
@@ -253,15 +355,28 @@ class HostedApi:
         return budget_for(budget_key(self.budget_name, self.api_url, credential),
                           self.requests_per_minute)
 
+    def budgets(self, method: str) -> tuple[Budget, ...]:
+        """The budgets a ``method`` call draws from: the credential's, and for a call that
+        creates content its content budget too (none without a budget)."""
+        budget = self.budget()
+        if budget is None:
+            return ()
+        if method == "GET" or self.content_per_hour is None:
+            return (budget,)
+        return (budget, content_budget_for(budget.key, self.content_per_hour))
+
     async def call(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
                    body: Any = None, expect: tuple[int, ...] = (200,)) -> Answer:
         """``method path`` answered with one of ``expect``; anything else raises. Waits
-        for its turn in the credential's budget first."""
+        for its turn in the credential's budgets first; while the credential is paused
+        after a rate limit, raises a retryable error at once, without calling."""
         token = self.token()
-        budget = self.budget()
-        if budget is not None:
-            await budget.acquire()
         where = f"{self.provider}: {method} {path}"
+        try:
+            await take_turns(self.budgets(method))
+        except BudgetWait as exc:
+            raise BuildRunnerError(f"{where}: {exc}", retryable=True,
+                                   retry_after=exc.wait) from None
         headers = {**self._headers, "Authorization": f"Bearer {token}"}
         try:
             async with self._client().request(method, self.api_url + path, params=params,
@@ -300,6 +415,9 @@ class HostedApi:
         if status == 429 or limited is not None:
             wait = asked if asked is not None else (
                 limited if limited is not None else DEFAULT_RATE_LIMIT_WAIT)
+            budget = self.budget()
+            if budget is not None:  # nobody calls the credential before the limit allows
+                pause(budget.key, wait)
             return BuildRunnerError(f"{said} (rate limited; retry in {wait:.0f}s)",
                                     retryable=True, retry_after=wait)
         if status == 408 or status >= 500:

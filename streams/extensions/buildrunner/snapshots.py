@@ -16,6 +16,10 @@ many builds run on it, and a build's end is seen within one period of the provid
 reporting it. A list call that fails is an answer too: every loop of the pipeline gets
 that failure until the next refresh is due, so a provider's outage is asked about once
 per period per pipeline, not once per build.
+
+A loop that waits for a refresh another loop started waits as long as that refresh's
+call waits for its turn in the budget: it announces that wait as the refreshing loop does
+(`budget.on_long_wait`), so neither is taken for lost while the budget spaces the calls.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from streams.extensions import budget
 
 MARGIN = 0.25  # seconds after a refresh is due that the loops come back
 FORGET_AFTER = 3  # periods after its last poll that a build stops being listed for
@@ -47,6 +53,7 @@ class Snapshot:
     refreshes: int = 0
     _refreshing: asyncio.Future[None] | None = None
     _failure: BaseException | None = None  # what the last refresh raised, if it failed
+    _turn_at: float = 0.0  # monotonic time the refresh under way gets its budget's turn
 
     async def lookup(self, key: str) -> Any | None:
         """What the provider said of build ``key`` in a list taken at most a period ago
@@ -55,6 +62,7 @@ class Snapshot:
         now = time.monotonic()
         self.asked[key] = now
         if self._refreshing is not None:
+            await budget.announce_wait(self._turn_at - now)
             await asyncio.shield(self._refreshing)
         elif now - self.taken_at >= self.period - MARGIN:
             await self._refresh(now, max(self.period, MARGIN))
@@ -94,7 +102,18 @@ class Snapshot:
             wanted = [self.created[k] for k in self.asked if k in self.created]
             since = min(wanted) if wanted and len(wanted) == len(self.asked) else None
             self.taken_at = now
-            builds, complete = await self.list_builds(since)
+            self._turn_at = now
+            outer = budget.current_listener()
+
+            async def note_turn(wait: float) -> None:
+                # set before any other task runs: the budget reserves the turn and calls
+                # this without awaiting in between, so every loop that joins sees it
+                self._turn_at = time.monotonic() + wait
+                if outer is not None:
+                    await outer(wait)
+
+            with budget.on_long_wait(note_turn):
+                builds, complete = await self.list_builds(since)
             self.builds, self.complete = dict(builds), complete
             for key, build in builds.items():
                 created = build.get("created_at") if isinstance(build, dict) else None

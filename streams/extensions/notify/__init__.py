@@ -20,6 +20,7 @@ from streams.extensions.notify.contract import (
     Notice,
     Notifier,
     NotifyError,
+    NotifyPostponed,
 )
 from streams.extensions.notify.github_status import (
     GitHubStatusSpec,
@@ -35,7 +36,8 @@ ALERT_CHANNELS = ("webhook", "slack")
 
 __all__ = ["ALERT_CHANNELS", "ALERT_EVENTS", "STATUS_CHANNELS", "STATUS_STATES",
            "ChannelSpec", "GitHubStatusSpec", "Notice", "Notifier", "NotifyError",
-           "NotifySpec", "SlackSpec", "WebhookSpec", "build_notifier", "github_repository"]
+           "NotifyPostponed", "NotifySpec", "SlackSpec", "WebhookSpec", "build_notifier",
+           "github_repository"]
 
 
 @spec_dataclass(frozen=True, config=SPEC)

@@ -7,6 +7,7 @@ posts it to one channel (GitHub's commit statuses, a JSON webhook, a Slack incom
 webhook) and classifies its own failures: `NotifyError.retryable` (HTTP 5xx, 408, 429,
 rate limits, timeouts, refused connections), optionally with how long the service asked
 to be left alone (`retry_after`); anything else is permanent and the notice is given up.
+A notice whose turn in a rate budget is not yet due is `NotifyPostponed`: nothing failed.
 
 Secrets (tokens, webhook URLs) are handed to a notifier by whoever builds it; they never
 appear in an error message.
@@ -32,9 +33,20 @@ class NotifyError(Exception):
         self.retry_after = retry_after
 
 
+class NotifyPostponed(Exception):
+    """The notice was not posted, and nothing failed: the channel's budget gives it its
+    turn only ``delay`` seconds from now (or its credential is paused after a rate
+    limit). Its sender posts it then, without counting an attempt."""
+
+    def __init__(self, delay: float, message: str) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
 @dataclass(frozen=True)
 class Notice:
-    """One commit status or alert about ``queue``.
+    """One commit status or alert about ``queue`` — or, with ``project``, about that
+    project of the queue (its scope's statuses and greenness).
 
     ``event`` is a status state (STATUS_STATES) for ``kind == "status"`` and an alert
     event (ALERT_EVENTS) for ``kind == "alert"``. ``sha`` is the commit ``uri`` names
@@ -48,11 +60,14 @@ class Notice:
     ``culprit`` alert (the culprit found after the red alert) carries ``culprit`` and
     ``red_since``. A culprit with ``confirmed`` false is a break that is not confirmed as
     the one the head is red for, and must be worded so ("a break, not confirmed as the
-    head's")."""
+    head's"). A status of a project the head does not affect carries ``inherited_from``
+    (the sha of the commit whose answer it inherits; ``request_id`` is that commit's
+    Request); a red alert of a queue with projects, ``red_projects`` (its blocking
+    projects red at the head)."""
 
     kind: Literal["status", "alert"]
     event: str
-    queue: str
+    queue: str  # the queue, never a project's scope
     request_id: str | None
     uri: str | None
     sha: str | None
@@ -60,6 +75,7 @@ class Notice:
     link: str | None = None
     previous: str | None = None
     details: Mapping[str, Any] = field(default_factory=dict)
+    project: str | None = None  # the queue's project it is about; None: the whole repository
 
 
 class Notifier(Protocol):

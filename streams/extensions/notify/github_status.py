@@ -15,6 +15,15 @@ with ``x-ratelimit-remaining`` above 0) a minute at first, then — while GitHub
 this notifier — as long as the limiting has lasted so far, so the waits double, up to
 `LIMIT_WAIT_CAP` (GitHub: "wait for at least one minute ... then for an exponentially
 increasing amount of time").
+
+Budgets: a status draws a turn from the token's budget (shared with any github_actions
+runner on the same token) and from the token's budget of content-creating calls
+(``content_requests_per_hour``, default 400: below the about 500 an hour GitHub allows).
+A status whose turn is more than `TURN_WAIT` seconds away is postponed to it (looked at
+again within `TURN_RECHECK`: the share may grow), and every status while the token is
+paused, until the pause ends (`NotifyPostponed`); a rate-limit answer
+pauses the token for every caller on it, polls and dispatches included
+(`streams.extensions.budget`).
 """
 
 from __future__ import annotations
@@ -28,16 +37,25 @@ from urllib.parse import quote, urlsplit
 from pydantic import BeforeValidator
 from pydantic.dataclasses import dataclass as spec_dataclass
 
-from streams.extensions.budget import budget_for, budget_key
+from streams.extensions.budget import (
+    CredentialPaused,
+    TurnTooFar,
+    budget_for,
+    budget_key,
+    content_budget_for,
+    pause,
+    take_turns,
+)
 from streams.extensions.buildrunner.github_actions import (
+    DEFAULT_CONTENT_REQUESTS_PER_HOUR,
     DEFAULT_REQUESTS_PER_MINUTE,
     GITHUB_BUDGET,
     github_rate_limit,
 )
-from streams.extensions.notify.contract import Notice, NotifyError
+from streams.extensions.notify.contract import Notice, NotifyError, NotifyPostponed
 from streams.extensions.notify.http import post_json
 from streams.extensions.sourcecontrol.gituri import repository_identity
-from streams.schema.fields import SPEC, NonEmptyStr, SecretEnvName
+from streams.schema.fields import SPEC, NonEmptyStr, PositiveFloat, SecretEnvName
 
 DEFAULT_API_URL = "https://api.github.com"
 DEFAULT_CONTEXT = "stovepipe/validation"
@@ -45,6 +63,10 @@ API_VERSION = "2022-11-28"
 DESCRIPTION_LIMIT = 140  # GitHub keeps descriptions short
 LIMIT_WAIT_CAP = 600.0  # seconds: the longest wait the sender honours (stages/notify.py)
 LIMIT_STREAK_GAP = 2 * LIMIT_WAIT_CAP  # seconds without a rate limit that end a streak
+TURN_WAIT = 5.0  # seconds a status waits for its budget's turn; a later turn postpones it
+# a status postponed for its turn is looked at again after at most this many seconds (the
+# share may have grown meanwhile: the worker counted the others, or some stopped)
+TURN_RECHECK = 10.0
 _clock = time.monotonic
 _OWNER_REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 _GITHUB_REMOTE = re.compile(
@@ -70,6 +92,21 @@ def _http_url(value: object) -> str:
 HttpUrl = Annotated[str, BeforeValidator(_http_url)]
 
 
+def _unaffected(value: object) -> object:
+    """``unaffected``: ``none`` (the default), ``all``, or a list of project names."""
+    if value is None or value == "none":
+        return ()
+    if value == "all":
+        return "all"
+    if isinstance(value, list | tuple) and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    raise ValueError(f"expected all, none or a list of the queue's project names, e.g. "
+                     f"[api, web], got {value!r}")
+
+
+Unaffected = Annotated[str | tuple[str, ...], BeforeValidator(_unaffected)]
+
+
 def github_repository(repository: str | None) -> str | None:
     """owner/name when ``repository`` (a git URL) is on github.com; None otherwise."""
     if repository is None:
@@ -87,24 +124,42 @@ class GitHubStatusSpec:
     repository: Annotated[str, BeforeValidator(_owner_repo)] | None = None
     api_url: HttpUrl = DEFAULT_API_URL
     context: NonEmptyStr = DEFAULT_CONTEXT
+    # a queue with projects: the projects whose `stovepipe/<project>` status is set on
+    # the heads that do not affect them (the answer they inherit); none by default, as
+    # each costs a content-creating call to GitHub per head (README, "Commit statuses
+    # and alerts")
+    unaffected: Unaffected = ()
+    # the token's content-creating calls an hour (statuses, and a github_actions runner's
+    # dispatches and cancels on the same token), divided among the workers
+    content_requests_per_hour: PositiveFloat = DEFAULT_CONTENT_REQUESTS_PER_HOUR
     channel: ClassVar[str] = "github_status"
 
     def env_names(self) -> tuple[str, ...]:
         return (self.token_env,)
 
+    def posts_unaffected(self, project: str) -> bool:
+        """Whether ``project`` gets a status on the heads that do not affect it."""
+        return self.unaffected == "all" or (isinstance(self.unaffected, tuple)
+                                            and project in self.unaffected)
+
     def build(self, env: Mapping[str, str]) -> GitHubStatusNotifier:
         if self.repository is None:
             raise NotifyError("github_status has no repository", retryable=False)
         return GitHubStatusNotifier(self.api_url, self.repository, env[self.token_env],
-                                    self.context)
+                                    self.context,
+                                    content_per_hour=self.content_requests_per_hour)
 
 
 class GitHubStatusNotifier:
     """Posts a commit status per status notice; alerts are not its business."""
 
-    def __init__(self, api_url: str, repository: str, token: str, context: str) -> None:
+    def __init__(self, api_url: str, repository: str, token: str, context: str, *,
+                 content_per_hour: float = DEFAULT_CONTENT_REQUESTS_PER_HOUR) -> None:
         self.api_url, self.repository, self.context = api_url.rstrip("/"), repository, context
         self._token = token
+        self.content_per_hour = content_per_hour
+        # the token's budget: shared with any GitHub Actions runner using the same token
+        self._credential = budget_key(GITHUB_BUDGET, self.api_url, token)
         # monotonic seconds: when GitHub began limiting us without saying for how long,
         # and when it last did (None: it is not limiting us)
         self._limited_since: float | None = None
@@ -128,9 +183,14 @@ class GitHubStatusNotifier:
         owner, _, name = self.repository.partition("/")
         url = (f"{self.api_url}/repos/{quote(owner, safe='')}/{quote(name, safe='')}"
                f"/statuses/{quote(notice.sha, safe='')}")
-        # the token's budget, shared with any GitHub Actions runner using the same token
-        await budget_for(budget_key(GITHUB_BUDGET, self.api_url, self._token),
-                         DEFAULT_REQUESTS_PER_MINUTE).acquire()
+        try:
+            await take_turns((budget_for(self._credential, DEFAULT_REQUESTS_PER_MINUTE),
+                              content_budget_for(self._credential, self.content_per_hour)),
+                             max_wait=TURN_WAIT)
+        except CredentialPaused as exc:
+            raise NotifyPostponed(exc.wait, f"GitHub: {exc}") from None
+        except TurnTooFar as exc:
+            raise NotifyPostponed(min(exc.wait, TURN_RECHECK), f"GitHub: {exc}") from None
         await post_json("GitHub", url, self.body(notice), headers={
             "Accept": "application/vnd.github+json",
             "Authorization": f"Bearer {self._token}",
@@ -146,18 +206,26 @@ class GitHubStatusNotifier:
         if limit is None:
             return None
         if limit.stated:
-            return limit.wait
-        now = _clock()
-        if self._limited_since is None or now - self._limited_last > LIMIT_STREAK_GAP:
-            self._limited_since = now
-        self._limited_last = now
-        # a minute at first; while it goes on, as long as it has lasted: 60, 60, 120, 240 …
-        return min(max(limit.wait, now - self._limited_since), LIMIT_WAIT_CAP)
+            wait = limit.wait
+        else:
+            now = _clock()
+            if self._limited_since is None or now - self._limited_last > LIMIT_STREAK_GAP:
+                self._limited_since = now
+            self._limited_last = now
+            # a minute at first; while it goes on, as long as it has lasted: 60, 60, 120 …
+            wait = min(max(limit.wait, now - self._limited_since), LIMIT_WAIT_CAP)
+        pause(self._credential, wait)  # no call on the token before the limit allows
+        return wait
 
 
 def describe(notice: Notice) -> str:
     """The status's one-line description."""
     request = notice.request_id or "?"
+    source = notice.details.get("inherited_from")
+    if source and notice.event in ("success", "failure"):
+        # an unaffected project: the answer of the commit it inherits from, and its Request
+        colour = "green" if notice.event == "success" else "red"
+        return f"Unaffected: inherits {colour} from {str(source)[:12]} ({request})"
     green = (f"Green on attempt {notice.details.get('attempts')} after a red build "
              f"(flaky; {request})" if notice.details.get("flaky")
              else f"Green: validated by {request}")

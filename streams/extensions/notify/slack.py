@@ -37,40 +37,44 @@ def alert_text(notice: Notice) -> str:
     """One line a person reads in a channel."""
     commit = (notice.sha or notice.uri or "?")[:12]
     link = f" <{notice.link}|details>" if notice.link else ""
+    # "mono/main" or "mono/main, project api," before a verb
+    who = f"{notice.queue}, project {notice.project}," if notice.project else notice.queue
     if notice.event == "stale":
         since = notice.details.get("behind_since") or "?"
         last = f"its last green commit {commit} ({notice.request_id})" \
             if notice.request_id else "it has never been green and"
-        return (f":hourglass: Stovepipe: {notice.queue} is stale: {last} has been behind "
+        return (f":hourglass: Stovepipe: {who} is stale: {last} has been behind "
                 f"the branch head since {since} (newest head "
                 f"{notice.details.get('latest_request_id')}).{link}")
     culprit = notice.details.get("culprit")
     if notice.event == "culprit":
         since = notice.details.get("red_since") or "?"
         if not culprit:
-            return f":mag: Stovepipe: {notice.queue}: culprit found.{link}"
+            return f":mag: Stovepipe: {who.rstrip(',')}: culprit found.{link}"
         builds = f"found after {culprit.get('builds', 0)} backfill builds"
         if not is_confirmed(culprit):
-            return (f":mag: Stovepipe: {notice.queue} has been red since {since}; a break, "
+            return (f":mag: Stovepipe: {who} has been red since {since}; a break, "
                     f"not confirmed as the head's: {culprit_words(culprit)} ({builds}; "
                     f"{culprit.get('unconfirmed_reason') or 'not confirmed'}).{link}")
-        return (f":mag: Stovepipe: {notice.queue} has been red since {since}; the culprit "
+        return (f":mag: Stovepipe: {who} has been red since {since}; the culprit "
                 f"is {culprit_words(culprit)} ({builds}).{link}")
     icon = ":red_circle:" if notice.event == "red" else ":large_green_circle:"
     was = f"was {notice.previous}" if notice.previous else "first result"
     flake = (f" Flaky: green on attempt {notice.details.get('attempts')} after a red build "
              f"of the same commit." if notice.details.get("flaky") else "")
     why = ""
+    if notice.event == "red" and notice.details.get("red_projects"):
+        why = f" Red projects: {', '.join(notice.details['red_projects'])}."
     if notice.event == "red" and culprit and not is_confirmed(culprit):
-        why = (f" A break, not confirmed as the head's: {culprit_words(culprit)} "
-               f"({culprit.get('unconfirmed_reason') or 'not confirmed'}).")
+        why += (f" A break, not confirmed as the head's: {culprit_words(culprit)} "
+                f"({culprit.get('unconfirmed_reason') or 'not confirmed'}).")
     elif notice.event == "red" and culprit:
-        why = f" Culprit: {culprit_words(culprit)}."
+        why += f" Culprit: {culprit_words(culprit)}."
     elif notice.event == "red" and notice.details.get("bisecting"):
         left = notice.details["bisecting"].get("commits")
-        why = (f" Finding the culprit among {left} commits (bisecting); a message follows "
-               f"when it is found.")
-    return (f"{icon} Stovepipe: {notice.queue} is {notice.event.upper()} at {commit} "
+        why += (f" Finding the culprit among {left} commits (bisecting); a message follows "
+                f"when it is found.")
+    return (f"{icon} Stovepipe: {who} is {notice.event.upper()} at {commit} "
             f"({notice.request_id}; {was}).{why}{flake}{link}")
 
 

@@ -2,9 +2,13 @@
 
 The body::
 
-    {"event": "red" | "green" | "stale" | "culprit", "queue": ..., "uri": ..., "sha": ...,
-     "request_id": ..., "previous": "green" | "red" | null, "at": ISO 8601,
-     "link": ... | null, ...details}
+    {"event": "red" | "green" | "stale" | "culprit", "queue": ..., "project": ... | null,
+     "uri": ..., "sha": ..., "request_id": ..., "previous": "green" | "red" | null,
+     "at": ISO 8601, "link": ... | null, ...details}
+
+``project`` names the queue's project the alert is about (its own greenness, Request and
+culprit), null for the whole repository; a red alert of a queue with projects adds
+``red_projects``, the blocking projects red at that head.
 
 For ``red`` and ``green`` the commit is the newest validated head that changed the
 queue's greenness; for ``stale`` it is the bookmarked last green commit (null when the
@@ -57,7 +61,8 @@ class WebhookSpec:
 
 
 def alert_body(notice: Notice) -> dict[str, Any]:
-    return {"event": notice.event, "queue": notice.queue, "uri": notice.uri,
+    return {"event": notice.event, "queue": notice.queue, "project": notice.project,
+            "uri": notice.uri,
             "sha": notice.sha, "request_id": notice.request_id,
             "previous": notice.previous, "at": notice.at, "link": notice.link,
             **notice.details}

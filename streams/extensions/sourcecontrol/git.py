@@ -34,10 +34,8 @@ from streams.extensions.sourcecontrol.contract import (
 from streams.extensions.sourcecontrol.gitrepo import (
     DEFAULT_LOCAL_TIMEOUT,
     DEFAULT_REMOTE_TIMEOUT,
-    BranchName,
     GitRepository,
     LoggedCommit,
-    Repository,
 )
 from streams.extensions.sourcecontrol.gituri import (
     check_branch_name,
@@ -45,6 +43,7 @@ from streams.extensions.sourcecontrol.gituri import (
     parse_uri,
     repository_path,
 )
+from streams.extensions.sourcecontrol.gitvalues import BranchName, Repository
 from streams.schema.fields import SPEC, ConfigPath, Flag
 
 _SHA_PREFIX = re.compile(r"[0-9a-f]{4,64}")

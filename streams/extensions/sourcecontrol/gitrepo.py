@@ -30,19 +30,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import re
 import signal
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
-
-from pydantic import AfterValidator, BeforeValidator, ValidationInfo
 
 from streams.extensions.sourcecontrol.contract import (
     CommitNotFound,
@@ -50,20 +47,22 @@ from streams.extensions.sourcecontrol.contract import (
     SourceControlError,
     UnknownRef,
 )
+from streams.extensions.sourcecontrol.gitlocks import (
+    hold_file_lock,
+    remove_lock_left_since,
+    remove_stale_locks,
+)
 from streams.extensions.sourcecontrol.gituri import (
     cache_name,
-    check_branch_name,
     is_remote_url,
     redact,
     repository_identity,
 )
-from streams.schema.fields import NonEmptyStr, resolve_path
 
 log = logging.getLogger("stovepipe.git")
 
 DEFAULT_LOCAL_TIMEOUT = 60.0  # seconds for a git command on this machine
 DEFAULT_REMOTE_TIMEOUT = 300.0  # seconds for a fetch or a push
-LOCK_POLL_INTERVAL = 0.05
 
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _ZERO_SHA = "0" * 40  # update-ref's "must not exist yet"
@@ -151,38 +150,6 @@ def _local_failure(repository: str, what: str, result: GitResult) -> SourceContr
     contended = any(s in text for s in _LOCK_CONTENTION) and ".lock" in text
     return SourceControlError(f"git repository {repository}: {what} failed: "
                               f"{result.detail()}", retryable=contended)
-
-
-@contextlib.asynccontextmanager
-async def hold_file_lock(path: Path) -> AsyncIterator[None]:
-    """An exclusive flock on ``path`` (created if needed), waited for without blocking the
-    loop. Separate holders in one process exclude each other too (one fd each)."""
-    fd = await asyncio.to_thread(_open_lock_file, path)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                await asyncio.sleep(LOCK_POLL_INTERVAL)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _remove_stale_locks(git_dir: Path) -> None:
-    """Every git that writes a cache holds its flock, so a git lock file found by the
-    flock's holder was left by a git that died mid-write (killed at its deadline, or with
-    its worker); left there, it would fail every later fetch. Objects need no cleaning."""
-    for lock in [*git_dir.glob("*.lock"), *(git_dir / "refs").rglob("*.lock")]:
-        with contextlib.suppress(FileNotFoundError):
-            lock.unlink()
-            log.warning("git_stale_lock_removed path=%s", lock)
-
-
-def _open_lock_file(path: Path) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 
 
 # --- a repository -------------------------------------------------------------------------
@@ -420,8 +387,18 @@ class GitRepository:
                 raise _local_failure(self.repository, f"push to {branch!r}", result)
             return
         async with (self._cache_lock() if self.is_remote else contextlib.nullcontext()):
-            result = await self.git("update-ref", "-m", "stovepipe: promote",
-                                    f"refs/heads/{branch}", sha, expected or _ZERO_SHA)
+            began = time.time()
+            try:
+                result = await self.git("update-ref", "-m", "stovepipe: promote",
+                                        f"refs/heads/{branch}", sha, expected or _ZERO_SHA)
+            except BaseException:
+                # killed at its deadline (or with its caller) while it held the ref's
+                # lock: the lock it left would refuse every later move of the branch
+                # (a cache's stale locks are removed by its next flock holder instead)
+                if not self.is_remote:
+                    lock = await self.git_dir() / "refs" / "heads" / f"{branch}.lock"
+                    await asyncio.to_thread(remove_lock_left_since, lock, began)
+                raise
         if result.code != 0:
             text = result.stderr.lower()
             if "but expected" in text or "already exists" in text or "unable to resolve" in text:
@@ -439,7 +416,7 @@ class GitRepository:
             await self.git_dir()  # creating the cache takes the lock itself
         async with hold_file_lock(self.cache_path.with_name(self.cache_path.name + ".lock")):
             if created:
-                await asyncio.to_thread(_remove_stale_locks, self.cache_path)
+                await asyncio.to_thread(remove_stale_locks, self.cache_path)
             yield
 
     async def _discover_local(self) -> Path:
@@ -487,23 +464,3 @@ class GitRepository:
         if result.code != 0:
             raise SourceControlError(f"cannot configure the cache {git_dir} of "
                                      f"{self.repository}: {result.detail()}")
-
-
-# --- queues.yaml value types -------------------------------------------------------------
-
-
-def _branch(value: object) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"expected a non-empty string without surrounding spaces, got "
-                         f"{value!r}")
-    return check_branch_name(value)
-
-
-def _repository(value: str, info: ValidationInfo) -> str:
-    """A remote URL as written, or a local path made absolute (against the file's
-    directory)."""
-    return value if is_remote_url(value) else str(resolve_path(Path(value), info))
-
-
-BranchName = Annotated[str, BeforeValidator(_branch)]
-Repository = Annotated[NonEmptyStr, AfterValidator(_repository)]

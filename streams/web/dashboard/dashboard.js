@@ -5,6 +5,7 @@
 const REFRESH_MS = 2000;
 const RECENT = 10;
 const HISTORY = 30; // cells in a queue's history strip
+const GRID_ROWS = 15; // heads in a queue's grid of projects
 const SVG_NS = "http://www.w3.org/2000/svg";
 const TOKEN_KEY = "stovepipe.apiToken"; // sessionStorage: the API token, for this tab only
 // a Request in one of these states left its commit unvalidated: it may be validated again
@@ -186,13 +187,113 @@ function renderQueue(queue, recent, extra) {
       el("tbody", {}, rows));
   }
   return el("section", { class: "queue", "data-queue": queue.name }, head,
-    renderCulprit(queue, history), facts,
+    renderCulprit(queue, history, extra.grid), facts,
+    renderProjects(queue.name, extra.grid),
     renderHistory(queue.name, extra.history),
     el("div", { class: "panels" },
       renderStory(extra.explain),
       renderSignal(history, extra.health && extra.health.ok ? extra.health.body : queue.health)),
     el("details", { class: "requests", open: true },
       el("summary", {}, "Recent Requests"), body));
+}
+
+// --- a queue's projects: each project's answer at each head (GET …/grid) ---------------
+
+function gridWord(cell) {
+  const word = (GRID_STATES[cell.state] || { word: cell.state }).word;
+  if (cell.inherited) return "unaffected: inherits " + word + " from " + shortSha(cell.source_sha);
+  return word + (cell.flaky ? " (flaky)" : "");
+}
+
+function renderProjects(queueName, result) {
+  if (!result) return null; // the worker has no grid endpoint
+  if (!result.ok) {
+    return el("div", { class: "projects" }, el("p", { class: "empty banner" }, "Projects unavailable: "
+      + ((result.body && result.body.error) || "HTTP " + result.status)));
+  }
+  const grid = result.body;
+  if (!grid || !(grid.projects || []).length) return null; // a queue without projects
+  const columns = grid.projects.map((p) => p.project);
+  const table = el("table", { class: "project-grid", "data-grid-of": queueName },
+    el("thead", {}, el("tr", {},
+      el("th", { scope: "col" }, "Head"), el("th", { scope: "col" }, "Whole repository"),
+      grid.projects.map((p) => el("th", { scope: "col", "data-column": p.project }, p.project,
+        p.blocking ? null : el("span", { class: "tag", title: "bring-up: never part of the whole repository's answer" }, "bring-up"))))),
+    el("tbody", {}, grid.rows.map((row) => el("tr", { "data-grid-row": row.request_id },
+      el("th", { scope: "row", class: "grid-head" },
+        el("a", { href: requestLink(row.request_id) }, seqOf(row.request_id)), " ",
+        commitLine(row.sha, row.subject, row.author),
+        row.everything ? el("div", { class: "muted", title: "every project was built" }, "all built: " + row.everything) : null),
+      el("td", { "data-whole": row.outcome }, outcomeBadge(row.outcome)),
+      columns.map((project) => gridCell(row, project, row.cells[project]))))));
+  return el("div", { class: "projects", "data-projects-of": queueName },
+    el("div", { class: "history-head" }, el("h4", {}, "Projects"),
+      el("span", { class: "muted" }, "each project's answer at each head, newest first"), gridLegend()),
+    el("ul", { class: "project-cards" }, grid.projects.map(projectCard)),
+    el("div", { class: "grid-scroll" }, table));
+}
+
+function gridCell(row, project, cell) {
+  if (!cell) return el("td", {});
+  const known = GRID_STATES[cell.state] || { symbol: "", word: cell.state };
+  const label = project + " at " + shortSha(row.sha) + ": " + gridWord(cell) + (cell.reason ? " (" + cell.reason + ")" : "");
+  let more = null;
+  if (cell.inherited) {
+    more = el("div", { class: "cell-source" }, "inherited from ",
+      el("a", { href: requestLink(cell.request_id), class: "mono", "data-source": cell.source_uri }, shortSha(cell.source_sha)));
+  } else if (cell.build) {
+    more = el("div", { class: "cell-source" }, buildLink(cell.build));
+  } else if (cell.request_id) {
+    more = el("div", { class: "cell-source" }, el("a", { href: requestLink(cell.request_id) }, "request"));
+  }
+  return el("td", {
+    class: "grid-cell state-" + cell.state + (cell.inherited ? " inherited" : ""), title: label,
+    "aria-label": label, "data-cell": project, "data-state": cell.state,
+    "data-inherited": cell.inherited ? "true" : "false",
+  },
+  el("span", { class: "symbol", "aria-hidden": "true" }, known.symbol), " ",
+  el("span", { class: "cell-word" }, cell.inherited ? known.word : gridWord(cell)), more);
+}
+
+function projectCard(p) {
+  const bookmark = p.bookmark;
+  const culprit = p.culprit;
+  let red = null;
+  if (culprit) {
+    red = el("div", { class: "project-culprit", "data-culprit": culprit.uri },
+      culprit.confirmed === false ? "a break, not confirmed as the head's: " : "red since ",
+      commitLine(culprit.sha || culprit.uri, culprit.subject, culprit.author),
+      culprit.confirmed === false ? el("span", { class: "muted" }, " — " + (culprit.unconfirmed_reason || "not confirmed"))
+        : el("span", { class: "muted" }, " — the culprit"),
+      culprit.build && culprit.build.url ? [" · ", buildLink(culprit.build)] : null);
+  } else if (p.search) {
+    red = el("div", { class: "project-culprit searching" }, p.search.words);
+  } else if (p.greenness === "red") {
+    red = el("div", { class: "project-culprit" }, "red; no culprit named");
+  }
+  return el("li", { class: "project-card", "data-project": p.project },
+    el("div", { class: "project-name" }, el("b", { class: "mono" }, p.project), " ",
+      p.greenness ? outcomeBadge(p.greenness, p.greenness === "red" && p.red_streak_s !== null
+        ? "red for " + duration(p.red_streak_s) : p.greenness)
+        : el("span", { class: "pill outcome-unbuilt" }, "no verdict yet"),
+      p.blocking ? null : el("span", { class: "tag" }, "bring-up")),
+    el("div", { class: "project-bookmark" }, el("span", { class: "muted" }, "last green "),
+      bookmark ? [el("a", { href: requestLink(bookmark.request_id), class: "mono", "data-bookmark": bookmark.uri }, shortSha(bookmark.sha)),
+        bookmark.inherited ? el("span", { class: "muted" }, " (inherits from " + shortSha(bookmark.source_sha) + ")") : null,
+        p.heads_since_green ? el("span", { class: "muted" }, " · " + plural(p.heads_since_green, "head") + " since") : null]
+        : el("span", { class: "muted" }, "none yet")),
+    red);
+}
+
+function gridLegend() {
+  const items = [["green", false], ["green", true], ["red", false], ["red", true],
+    ["pending", false], ["unvalidated", false], ["cancelled", false], ["waiting", false],
+    ["superseded", false], ["none", false]];
+  return el("ul", { class: "legend", "aria-label": "Legend of the projects' grid" },
+    items.map(([state, inherited]) => el("li", {},
+      el("span", { class: "legend-swatch grid-cell state-" + state + (inherited ? " inherited" : ""), "aria-hidden": "true" },
+        GRID_STATES[state].symbol),
+      " " + GRID_STATES[state].word + (inherited ? ", inherited" : ""))));
 }
 
 // --- a queue's history: the strip, the culprit, the story, time to signal --------------
@@ -206,6 +307,13 @@ const OUTCOMES = {
   running: { symbol: "▶", word: "running" },
   waiting: { symbol: "…", word: "waiting" },
   cancelled: { symbol: "⊘", word: "cancelled" },
+};
+// What a cell of the projects' grid says, in words and a symbol (never colour alone); an
+// inherited answer (the head does not affect the project) is drawn pale, dashed and says so.
+const GRID_STATES = {
+  green: OUTCOMES.green, red: OUTCOMES.red, pending: { symbol: OUTCOMES.running.symbol, word: "pending" },
+  unvalidated: OUTCOMES.unvalidated, cancelled: OUTCOMES.cancelled, waiting: OUTCOMES.waiting,
+  superseded: OUTCOMES.superseded, none: { symbol: "·", word: "not planned" },
 };
 // the story also tells the commits of a culprit search's range that were never built
 const STORY_ONLY = { unbuilt: { symbol: "·", word: "never built" } };
@@ -295,7 +403,9 @@ function commitLine(sha, subject, author) {
 
 // "Red since C": the queue's culprit and search (GET /api/queues), else the history's view
 // of them; without either, the first red build since the last green one.
-function renderCulprit(queue, history) {
+function renderCulprit(queue, history, grid) {
+  const projects = grid && grid.ok && grid.body ? grid.body.projects || [] : [];
+  if (projects.length) return projectsRed(history, projects);
   const search = queue.search || null;
   const found = history && history.culprit_search;
   const culprit = queue.culprit || (found && found.state === "found" ? {
@@ -338,6 +448,15 @@ function renderCulprit(queue, history) {
       commitLine(firstRed.sha, firstRed.subject, firstRed.author),
       el("span", { class: "muted" }, " (an earlier commit that was not built may have broken it)")] : null,
     found && found.detail ? el("span", { class: "muted" }, " — " + found.detail) : null);
+}
+
+// A queue with projects is red for its blocking projects' reds; each finds its own culprit.
+function projectsRed(history, projects) {
+  if (!history || history.greenness !== "red") return null;
+  const red = projects.filter((p) => p.blocking && p.greenness === "red").map((p) => p.project);
+  return el("div", { class: "culprit", "data-red-projects": red.join(" ") }, outcomeBadge("red", "red"), " ",
+    red.length ? "red projects: " + red.join(", ") : "red",
+    el("span", { class: "muted" }, " — each project's culprit is named in its card below"));
 }
 
 // What the commit a culprit search named is called: "culprit" when it is confirmed as the
@@ -807,10 +926,11 @@ async function refresh() {
         const base = "/api/queues/" + encodeURIComponent(q.name);
         return Promise.all([getJson(base + "/requests?limit=" + RECENT),
           getJson(base + "/history?limit=" + HISTORY), optionalJson("explain", base + "/explain"),
-          optionalJson("health", base + "/health")]);
+          optionalJson("health", base + "/health"),
+          optionalJson("grid", base + "/grid?limit=" + GRID_ROWS)]);
       }));
       const cards = list.map((q, i) => renderQueue(q, per[i][0],
-        { history: per[i][1], explain: per[i][2], health: per[i][3] }));
+        { history: per[i][1], explain: per[i][2], health: per[i][3], grid: per[i][4] }));
       const focused = focusedCell();
       document.getElementById("queues").replaceChildren(
         ...(cards.length ? cards : [el("p", { class: "muted" }, "No queues configured.")]));
