@@ -20,7 +20,7 @@ import yaml
 from store import Database
 from streams.stages.retention import PruneReport, prune
 from streams.stages.retention_rules import Policy
-from tests.monorepo_support import QUEUE, Monorepo, add_projects_queue
+from tests.monorepo_support import QUEUE, Monorepo, add_projects_queue, git
 from tests.pipeline_support import Pipeline
 from tests.retention_support import old_history
 from tests.test_retention import NAMED
@@ -123,15 +123,23 @@ def test_pruning_everything_past_retention_keeps_what_the_gates_and_people_read(
     pipeline.wait_quiet(timeout=240)
     pinned = pipeline.cli("pin", QUEUE, repo.shas["c1"], "--reason", "hold c1")
     assert pinned.returncode == 0
+    # web's own promotion ref held at c0c, where web was last built before c2
+    pinned_web = pipeline.cli("pin", QUEUE, repo.shas["c0c"], "--project", "web",
+                              "--reason", "hold web at c0c")
+    assert pinned_web.returncode == 0, pinned_web.stderr
+    web_pin = pipeline.query("SELECT pinned_uri, pinned_request_id FROM project_state"
+                             " WHERE queue = %s AND project = 'web'", QUEUE)
+    assert web_pin == [(repo.uri("c0c"), heads["c0c"])]
     before = {name: _gate(pipeline, repo, name) for name in ("c0", "c1", "c4")}
+    web_before = _gate(pipeline, repo, "c0c", "web")
     assert before["c1"] == before["c0"] == 0 and before["c4"] == 3
     shown = _shown(pipeline)
     assert "red since" in shown[f"{QUEUE}#api"]  # the api search's culprit
 
     # everything is past retention now: only the rules keep anything
     report = _prune_all(pipeline)
-    assert report.deleted["request"] >= 4 and report.skipped == 0
-    assert report.deleted["validation_fact"] >= 4 and report.deleted["command_build"] >= 1
+    assert report.deleted["request"] >= 2 and report.skipped == 0
+    assert report.deleted["validation_fact"] >= 2  # what no pin, bookmark or answer names
     assert pipeline.query(NAMED) == []
     assert pipeline.invariant_violations() == []
     # c0's and c0b's own Requests went (projects' Requests named as sources stay)
@@ -145,6 +153,13 @@ def test_pruning_everything_past_retention_keeps_what_the_gates_and_people_read(
     state = pipeline.query("SELECT last_green_request_id, pinned_request_id FROM queue"
                            " WHERE name = %s", QUEUE)
     assert state == [(heads["c1"], heads["c1"])]
+    # web's pin keeps the Request whose answer it names, and web's ref stays at c0c
+    assert pipeline.query("SELECT pinned_uri, pinned_request_id FROM project_state"
+                          " WHERE queue = %s AND project = 'web'", QUEUE) == web_pin
+    assert pipeline.query("SELECT id FROM request WHERE id = %s", heads["c0c"]) == [
+        (heads["c0c"],)]
+    assert web_before == 0 and _gate(pipeline, repo, "c0c", "web") == 0
+    assert git(repo.work, "rev-parse", "verified/web") == repo.shas["c0c"]
 
     # and the pipeline goes on: the fix validates green
     repo.commit("c5", repo.outcome("api", "green"))
@@ -163,9 +178,11 @@ def _shown(pipeline: Pipeline) -> dict[str, str]:
             for name in (QUEUE, f"{QUEUE}#api", f"{QUEUE}#web", f"{QUEUE}#docs")}
 
 
-def _gate(pipeline: Pipeline, repo: Monorepo, name: str) -> int:
-    """`stovepipe fact`'s exit status for the commit: 0 green, 3 not green."""
-    return pipeline.cli("fact", QUEUE, repo.shas[name], check=False).returncode
+def _gate(pipeline: Pipeline, repo: Monorepo, name: str, project: str | None = None) -> int:
+    """`stovepipe fact`'s exit status for the commit (for the project if one is named): 0
+    green, 3 not green."""
+    scope = ("--project", project) if project else ()
+    return pipeline.cli("fact", QUEUE, repo.shas[name], *scope, check=False).returncode
 
 
 def _prune_all(pipeline: Pipeline) -> PruneReport:
