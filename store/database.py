@@ -41,6 +41,7 @@ from store.projects import ProjectStore
 from store.queues import QueueStore
 from store.request_uris import RequestUriStore
 from store.requests import RequestStore
+from store.retention import RetentionStore
 from store.steps import StepStore
 from store.webhook_deliveries import WebhookDeliveryStore
 from store.worker_hosts import WorkerHostStore
@@ -68,6 +69,7 @@ class Stores:
         self.commit_infos = CommitInfoStore(source)
         self.pins = PinStore(source)
         self.projects = ProjectStore(source)
+        self.retention = RetentionStore(source)
         self.project_answers = ProjectAnswerStore(source)
         self.project_pins = ProjectPinStore(source)
         self.project_views = ProjectViewStore(source)

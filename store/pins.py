@@ -3,6 +3,12 @@
 A pin is kept on the queue's row (`Queue.pinned_*`: which commit, who, when, why), so the
 record stage reads it with the bookmark, and in `promotion_pin`, every pin and unpin
 ever made. The database refuses a pin that names no green fact of the queue.
+
+A pin is taken under its queue's pin lock (`PIN_LOCK`, a transaction-level advisory lock
+per queue and its projects' scopes), which a retention batch deleting that queue's old
+facts tries first (`PIN_LOCK_TRY`, store.retention): a pin never names a fact deleted
+while it was being taken (the pin waits for the batch and then finds its fact gone, or
+the batch leaves the queue for its next round).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from store._base import Store
-from store.entities import Queue
+from store.entities import Queue, split_scope
 from store.errors import NotFound
 from store.queues import _COLUMNS as _QUEUE_COLUMNS
 from store.queues import _queue
@@ -43,6 +49,14 @@ class PromotionProblem:
     at: datetime
 
 
+# First half of the advisory lock key ("STVK"); the second hashes the schema and the
+# queue's name (a scope's queue, for a project's pin).
+_PIN_LOCK_NAMESPACE = 0x5354564B
+_PIN_LOCK_KEY = (f"{_PIN_LOCK_NAMESPACE}, hashtext(current_schema() || '/' ||"
+                 " %(family)s::text)")
+PIN_LOCK = f"SELECT pg_advisory_xact_lock({_PIN_LOCK_KEY})"
+PIN_LOCK_TRY = f"SELECT pg_try_advisory_xact_lock({_PIN_LOCK_KEY})"
+
 _PIN_COLUMNS = ("id, queue, uri, request_id, pinned_by, reason, pinned_at, unpinned_by,"
                 " unpinned_at, rolled_back_reason")
 
@@ -56,21 +70,27 @@ class PinStore(Store):
         queue's pin, replacing any earlier one (closed in the history). NotFound for a
         queue without a row; InvariantViolation for a commit without that green fact."""
         key = {"queue": queue}
+        # the lock is taken (`held`, named by both updates) before any row is written, and
+        # the guard trigger's check of the green fact reads after it (a fresh snapshot)
         row = await self._fetch_one(
-            "WITH closed AS ("
+            f"WITH held AS ({PIN_LOCK}"
+            "), closed AS ("
             " UPDATE promotion_pin SET unpinned_by = %(by)s, unpinned_at = now()"
-            " WHERE queue = %(queue)s AND unpinned_at IS NULL RETURNING id"
+            " WHERE queue = %(queue)s AND unpinned_at IS NULL AND EXISTS (SELECT 1 FROM held)"
+            " RETURNING id"
             "), pinned AS ("
             " UPDATE queue SET pinned_uri = %(uri)s, pinned_request_id = %(request_id)s,"
             " pinned_by = %(by)s, pinned_reason = %(reason)s, pinned_at = now(),"
             " version = version + 1, updated_at = now()"
-            f" WHERE name = %(queue)s RETURNING {_QUEUE_COLUMNS}"
+            f" WHERE name = %(queue)s AND EXISTS (SELECT 1 FROM held)"
+            f" RETURNING {_QUEUE_COLUMNS}"
             "), logged AS ("
             " INSERT INTO promotion_pin (queue, uri, request_id, pinned_by, reason)"
             " SELECT %(queue)s, %(uri)s, %(request_id)s, %(by)s, %(reason)s FROM pinned"
             " RETURNING id"
             f") SELECT {_QUEUE_COLUMNS} FROM pinned",
-            {**key, "uri": uri, "request_id": request_id, "by": by, "reason": reason},
+            {**key, "uri": uri, "request_id": request_id, "by": by, "reason": reason,
+             "family": split_scope(queue)[0]},
             key=key)
         if row is None:
             raise NotFound("queue", {"name": queue})

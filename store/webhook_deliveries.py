@@ -15,6 +15,9 @@ from store.entities import DeliveryState, WebhookDelivery
 
 _COLUMNS = "provider, delivery_id, state, request_ids, received_at, ingested_at"
 EXPIRY_BATCH = 100  # expired rows deleted by one claim at most
+# seconds a delivery id is remembered (GitHub lets a delivery be redelivered for 3 days);
+# retention never deletes one younger either
+KEEP_DELIVERIES = 7 * 24 * 3600.0
 
 
 def _delivery(row: Row) -> WebhookDelivery:

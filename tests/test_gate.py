@@ -174,7 +174,8 @@ def test_the_api_answers_by_sha_on_a_git_queue(web: WebPipeline) -> None:
     # the promotion ref's target, read from the repository
     queue = web.get("/api/queues/gate/main").body
     assert queue["promotion_ref"] == {"name": "verified-main", "target": uri(three),
-                                      "target_known": True, "pinned": None}
+                                      "target_known": True, "pinned": None,
+                                      "wanted": uri(three), "differs": False, "problem": None}
     assert _git(repo, "rev-parse", "verified-main") == three
 
     assert (by_prefix.body["known"], by_full.body["known"], answer.body["known"]) == (

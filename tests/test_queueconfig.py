@@ -32,6 +32,7 @@ from streams.config.queues import (
     queues_file,
     validate_queue_name,
 )
+from streams.config.retention import RetentionConfig
 from streams.config.webhooks import WebhooksConfig
 from streams.extensions.buildrunner.command import CommandBuildRunner, CommandBuildRunnerSpec
 from streams.extensions.buildrunner.fake import FakeBuildRunner, FakeBuildRunnerSpec
@@ -175,7 +176,7 @@ def test_relative_paths_do_not_depend_on_the_working_directory(
     (_doc(gate_delay=5), "queues.q.gate_delay: expected a duration such as 1s or 2m, got 5"),
     (_doc(poll_delay_queued="fast"), "queues.q.poll_delay_queued: expected a duration"),
     (_doc(poll_delay_running="0s"), "queues.q.poll_delay_running: must be longer than zero"),
-    (_doc(poll_deadline="1d"), "queues.q.poll_deadline: expected a duration"),
+    (_doc(poll_deadline="1w"), "queues.q.poll_deadline: expected a duration"),
     ({**_doc(), "defaults": {"gate_delay": "x"}}, "defaults.gate_delay: expected a duration"),
     ({"queues": {"q": {"build_runner": FAKE_BR}}}, "queues.q: missing 'source_control'"),
     ({"queues": {"q": {"source_control": FAKE_SC}}}, "queues.q: missing 'build_runner'"),
@@ -786,3 +787,33 @@ def test_backfill_mistakes_are_named(tmp_path: Path) -> None:
                                                   "probe_backoff": "soon"}))
     assert any(p.startswith("queues.q.backfill.unvalidated_probes:") for p in problems)
     assert any(p.startswith("queues.q.backfill.probe_backoff:") for p in problems), problems
+
+
+# --- retention (issue 25, item 6) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("section", "expected"), [
+    (None, None),  # off unless asked for
+    (False, None),  # `retention: off`
+    ({"older_than": "90d", "keep_newest": 20, "every": "30m", "max_rows": 5000},
+     RetentionConfig(timedelta(days=90), 20, timedelta(minutes=30), 5000)),
+    ({}, RetentionConfig()),
+    (True, RetentionConfig(older_than=timedelta(days=180), keep_newest=100,
+                           every=timedelta(hours=1), max_rows=100_000)),
+])
+def test_retention_is_off_unless_configured(tmp_path: Path, section: Any,
+                                            expected: RetentionConfig | None) -> None:
+    doc = {**_doc(), **({"retention": section} if section is not None else {})}
+    assert load_queues(_write(tmp_path, doc)).retention == expected
+
+
+@pytest.mark.parametrize(("section", "expected"), [
+    ({"older_than": "12h"}, "retention.older_than: must be at least 1d (1 day), got 12h"),
+    ({"older_than": "5x"}, "retention.older_than: expected a duration"),
+    ({"keep_newest": 0}, "retention.keep_newest: must be a positive integer, got 0"),
+    ({"every": "0s"}, "retention.every: must be longer than zero"),
+    ({"older": "180d"}, "retention: unknown field 'older'"),
+])
+def test_a_bad_retention_names_the_field(tmp_path: Path, section: Any, expected: str) -> None:
+    problems = _problems(tmp_path, {**_doc(), "retention": section})
+    assert any(expected in p for p in problems), problems

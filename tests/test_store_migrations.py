@@ -40,6 +40,7 @@ TABLES = {
     "schema_migrations",
     "notification",  # 0006: commit statuses and alerts
     "queue_health",
+    "retention_round",  # 0019: the workers' periodic pruning
     "worker_process",  # 0013: the hosted APIs' budgets shared among worker processes
     "credential_pause",
 }

@@ -12,7 +12,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,6 +29,7 @@ from streams.config import settings as settings_mod
 from streams.config.topics import DelayTier, RetryPolicy, TopicsConfigError, load_topics
 from streams.runtime.topic_admin import TopicState, admin_conf_for, ensure_topics
 from streams.schema.durations import format_duration, parse_duration
+from tests.waiting import wait_until
 
 TOPICS_YAML = settings_mod.REPO_ROOT / "topics.yaml"
 
@@ -61,6 +69,30 @@ def test_shipped_file_declares_every_key_and_its_dlq() -> None:
     assert len(config.all_topics()) == 2 * len(TopicKey) + 4
     with pytest.raises(KeyError):
         config.by_name("process")  # full names only
+
+
+def test_shipped_retention_keeps_stage_topics_days_dead_letters_longer_tiers_short() -> None:
+    config = load_topics(TOPICS_YAML, prefix="p.")
+    day = 24 * 3600 * 1000
+    for key in TopicKey:
+        assert config.stage(key).config == {"retention.ms": str(7 * day),
+                                            "cleanup.policy": "delete"}
+        assert config.dead_letter(key).config == {"retention.ms": str(30 * day),
+                                                  "cleanup.policy": "delete"}
+    for tier in config.delay_tiers:
+        assert tier.config == {"retention.ms": str(day), "segment.ms": str(3600 * 1000),
+                               "cleanup.policy": "delete"}
+
+
+@pytest.mark.parametrize(("written", "stored"), [
+    ("7d", "604800000"), ("1h30m", "5400000"), (86400000, "86400000"), (-1, "-1"),
+    ("-1", "-1")])
+def test_a_ms_config_may_be_a_duration(tmp_path: Path, shipped: dict[str, Any],
+                                       written: Any, stored: str) -> None:
+    shipped["topics"]["build"]["config"] = {"retention.ms": written, "max.message.bytes": 1024}
+    config = load_topics(_write(tmp_path, shipped), prefix="p.")
+    assert config.stage("build").config["retention.ms"] == stored
+    assert config.stage("build").config["max.message.bytes"] == "1024"
 
 
 def test_key_fields_follow_the_design() -> None:
@@ -162,6 +194,8 @@ BROKEN: list[tuple[str, Mutation, str]] = [
     ("duplicate name", _set("delay_tiers.delay_5s.name", "record"),
      "delay_tiers.delay_5s: topic name 'p.record' is also used by topics.record"),
     ("topics not a mapping", _set("topics", ["ingest"]), "topics: expected a mapping"),
+    ("retention not a duration", _set("dlq_defaults.config", {"retention.ms": "a month"}),
+     "dlq_defaults.config: retention.ms: expected a duration such as 250ms"),
     ("unknown top level", _set("topic", {}), "(top level): unknown field 'topic'"),
 ]
 
@@ -229,7 +263,7 @@ def test_cli_list_shows_full_names() -> None:
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [("250ms", 0.25), ("1s", 1), ("30s", 30), ("2m", 120), ("1h", 3600), ("1m30s", 90),
-     ("1.5s", 1.5)],
+     ("1.5s", 1.5), ("180d", 180 * 86400), ("1d12h", 36 * 3600)],
 )
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == timedelta(seconds=seconds)
@@ -327,6 +361,52 @@ def test_partition_mismatch_is_reported_and_left_alone(
     assert [s.name for s in report.with_state(TopicState.MISMATCH)] == [process.full_name]
     assert len(report.with_state(TopicState.EXISTS)) == len(config.all_topics()) - 1
     assert not report.ok
+
+
+def _broker_configs(admin: AdminClient, names: list[str]) -> dict[str, dict[str, str]]:
+    futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in names],
+                                     request_timeout=20)
+    return {resource.name: {k: e.value for k, e in future.result(timeout=30).items()}
+            for resource, future in futures.items()}
+
+
+@pytest.mark.kafka
+def test_topics_get_their_retention_and_drift_in_it_is_reported_never_fixed(
+    kafka_bootstrap: str, topic_prefix: str, admin: AdminClient
+) -> None:
+    config = load_topics(TOPICS_YAML, prefix=topic_prefix)
+    created = _cli(kafka_bootstrap, topic_prefix, "create")
+    assert created.exit_code == 0, created.output
+    on_broker = _broker_configs(admin, [t.full_name for t in config.all_topics()])
+    for topic in config.all_topics():
+        assert topic.config, topic.entry  # every topic declares its retention
+        for name, value in topic.config.items():
+            assert on_broker[topic.full_name][name] == value, (topic.full_name, name)
+
+    # an operator shortens one topic's retention on the broker behind the file's back
+    process = config.stage(TopicKey.PROCESS)
+    altered = admin.incremental_alter_configs([ConfigResource(
+        ResourceType.TOPIC, process.full_name, incremental_configs=[ConfigEntry(
+            "retention.ms", "3600000",
+            incremental_operation=AlterConfigOpType.SET)])])
+    altered[ConfigResource(ResourceType.TOPIC, process.full_name)].result(timeout=30)
+    wait_until(lambda: _broker_configs(admin, [process.full_name])[process.full_name][
+        "retention.ms"] == "3600000", timeout=30, what="the altered retention to show")
+
+    for command in ("verify", "create"):
+        result = _cli(kafka_bootstrap, topic_prefix, command)
+        assert result.exit_code == 2, result.output
+        [line] = [ln for ln in result.output.splitlines() if process.full_name + " " in ln]
+        assert line.startswith("MISMATCH")
+        assert ("retention.ms: topics.yaml says 604800000, broker has 3600000; "
+                "left unchanged") in line
+        assert "kafka-configs --alter" in result.output
+        assert result.output.count("MISMATCH") == 1
+    # reported, never "fixed"
+    assert _broker_configs(admin, [process.full_name])[process.full_name][
+        "retention.ms"] == "3600000"
+    report = ensure_topics(admin_conf_for(kafka_bootstrap), config, create=False, timeout=20)
+    assert [s.name for s in report.with_state(TopicState.MISMATCH)] == [process.full_name]
 
 
 @pytest.mark.kafka

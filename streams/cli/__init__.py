@@ -7,6 +7,7 @@
     retry                  validate a commit again (retry.py)
     pin, unpin             hold the promotion ref during an incident (pin.py)
     replay, dlq, parked    recover (replay.py, dlq.py, parked.py; kafka.py is shared)
+    prune                  delete history older than the retention (prune.py)
     dev, demo              the local stack and the demo (dev.py, demo.py)
 """
 
@@ -42,6 +43,7 @@ COMMANDS: dict[str, str] = {
     "replay": "streams.cli.replay:replay_command",
     "dlq": "streams.cli.dlq:dlq_group",
     "parked": "streams.cli.parked:parked_group",
+    "prune": "streams.cli.prune:prune_command",
     "poll": "streams.cli.ingest:poll_command",
     "demo": "streams.cli.demo:demo_command",
 }

@@ -1,4 +1,4 @@
-"""`stovepipe demo`: the whole pipeline on a real git repository, in one command.
+"""`stovepipe demo`: the whole pipeline on real git repositories, in one command.
 
 It brings up the local stack, migrates a schema of its own, creates a fresh set of topics,
 builds a demo repository whose history has a broken commit and a force-push, points a
@@ -6,14 +6,17 @@ queue with the `command` build runner at it, starts a worker, lands the commits 
 one (ingesting each), then one push of several commits that breaks the build, shows
 progress until every Request is terminal and the culprit search has named the commit
 that broke it, and prints the greenness table, the promotion ref, the culprit and the
-dashboard URL. Every run starts afresh.
+dashboard URL. Then the monorepo act (`streams.cli.demo_monorepo`): three projects of one
+repository, one of which breaks and is fixed while the others stay green. Every run
+starts afresh.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
+import hashlib
+import itertools
 import logging
 import os
 import shutil
@@ -21,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,17 +38,16 @@ from psycopg.conninfo import make_conninfo
 
 from store import request_order
 from store.migrations import migrate
-from streams.cli.ingest import IngestClient
+from streams.cli import demo_monorepo
+from streams.cli.demo_kit import DEMO_KNOBS, DemoRun, culprit_words, git, newest_search
 from streams.cli.kafka import kafka_security_or_fail
 from streams.config import settings as settings_mod
-from streams.config.queues import load_queues
 from streams.config.topics import load_topics
 from streams.devstack import ensure_up
 from streams.extensions.sourcecontrol.gituri import git_uri
 from streams.runtime.topic_admin import admin_conf_for, ensure_topics
 
 QUEUE = "demo/main"
-SCHEMA = "stovepipe_demo"
 TERMINAL = {"superseded", "succeeded", "failed", "cancelled"}
 
 BUILD_SH = """#!/bin/sh
@@ -90,13 +93,6 @@ PUSH = (
 )
 
 
-def _git(repo: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="Demo", GIT_AUTHOR_EMAIL="demo@stovepipe.invalid",
-               GIT_COMMITTER_NAME="Demo", GIT_COMMITTER_EMAIL="demo@stovepipe.invalid")
-    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, text=True,
-                          capture_output=True).stdout.strip()
-
-
 class DemoRepository:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -106,70 +102,75 @@ class DemoRepository:
         if self.path.exists():
             shutil.rmtree(self.path)
         self.path.mkdir(parents=True)
-        _git(self.path, "init", "-q", "-b", "main")
+        git(self.path, "init", "-q", "-b", "main")
         (self.path / "build.sh").write_text(BUILD_SH)
         (self.path / "test.sh").write_text(TEST_SH)
 
     def land(self, step: Step) -> str:
         if step.rewrite_to is not None:
-            _git(self.path, "reset", "-q", "--hard", self.commits[step.rewrite_to - 1][0])
+            git(self.path, "reset", "-q", "--hard", self.commits[step.rewrite_to - 1][0])
         (self.path / "app.txt").write_text(f"answer = {step.answer}\n")
         with open(self.path / "CHANGES", "a") as changes:
             changes.write(f"- {step.subject}\n")
-        _git(self.path, "add", "-A")
-        _git(self.path, "commit", "-q", "-m", step.subject)
-        sha = _git(self.path, "rev-parse", "HEAD")
+        git(self.path, "add", "-A")
+        git(self.path, "commit", "-q", "-m", step.subject)
+        sha = git(self.path, "rev-parse", "HEAD")
         self.commits.append((sha, step.subject))
         return sha
 
     def rev(self, ref: str) -> str | None:
         try:
-            return _git(self.path, "rev-parse", "--verify", "-q", ref)
+            return git(self.path, "rev-parse", "--verify", "-q", ref)
         except subprocess.CalledProcessError:
             return None
 
 
-def _demo_queues_file(home: Path, repo: Path) -> Path:
+def _demo_queues_file(home: Path, repo: Path, monorepo: Path) -> Path:
     path = home / "queues.yaml"
     path.write_text(yaml.safe_dump({
-        "queues": {QUEUE: {
-            "source_control": {"kind": "git", "repository": str(repo), "ref": "main",
-                               "promotion_ref": "verified-main"},
-            "build_runner": {"kind": "command", "command": "sh ./build.sh",
-                             "work_dir": str(home / "builds")},
-            "max_concurrent": 1,
-            "gate_delay": "300ms",
-            "poll_delay_queued": "300ms",
-            "poll_delay_running": "300ms",
-            "poll_deadline": "2m",
-            "backfill": {"mode": "bisect", "max_builds": 4},
-        }},
+        "queues": {
+            QUEUE: {
+                "source_control": {"kind": "git", "repository": str(repo), "ref": "main",
+                                   "promotion_ref": "verified-main"},
+                "build_runner": {"kind": "command", "command": "sh ./build.sh",
+                                 "work_dir": str(home / "builds")},
+                **DEMO_KNOBS,
+            },
+            demo_monorepo.QUEUE: demo_monorepo.queue_config(monorepo, home / "mono-builds"),
+        },
     }, sort_keys=False))
     return path
 
 
-def _fresh_schema(dsn: str) -> str:
+def demo_names(home: Path) -> tuple[str, str]:
+    """The schema and the topic-name stem of the demo kept in ``home``: demos with other
+    homes (tests, people sharing one stack) never drop this one's schema or delete its
+    topics, and a demo run again in the same home replaces its own."""
+    key = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:8]
+    return f"stovepipe_demo_{key}", f"demo.{key}."
+
+
+def _fresh_schema(dsn: str, schema: str) -> str:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
-    schema_dsn = make_conninfo(dsn, options=f"-c search_path={SCHEMA}")
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    schema_dsn = make_conninfo(dsn, options=f"-c search_path={schema}")
 
     migrate(schema_dsn)
     return schema_dsn
 
 
-def _fresh_topics(bootstrap: str, topics_file: Path) -> Any:
-    """A topic prefix of this run's own; older demo runs' topics are deleted."""
-
-
+def _fresh_topics(bootstrap: str, topics_file: Path, stem: str) -> Any:
+    """A topic prefix of this run's own; the topics of older runs in the same home are
+    deleted."""
     admin = AdminClient(admin_conf_for(bootstrap))
-    stale = [t for t in admin.list_topics(timeout=10).topics if t.startswith("demo-")]
+    stale = [t for t in admin.list_topics(timeout=10).topics if t.startswith(stem)]
     if stale:
         for fut in admin.delete_topics(stale, operation_timeout=30).values():
             # best effort: a leftover topic of an older run harms nothing
             with contextlib.suppress(Exception):
                 fut.result(timeout=30)
-    prefix = f"demo-{time.strftime('%Y%m%d%H%M%S')}."
+    prefix = f"{stem}{time.strftime('%Y%m%d%H%M%S')}."
     config = load_topics(topics_file, prefix=prefix)
     report = ensure_topics(admin_conf_for(bootstrap), config)
     if not report.ok:
@@ -184,26 +185,16 @@ def _rows(dsn: str) -> dict[str, tuple[str, str]]:
                 conn.execute("SELECT id, uri, state FROM request").fetchall()}
 
 
-def _ingest(settings: settings_mod.Settings, topics: Any, queues_file: Path) -> str:
-    """What `stovepipe ingest demo/main` does, against the demo's schema and topics."""
-
-    async def run() -> str:
-        async with IngestClient(settings, load_queues(queues_file), topics) as client:
-            return (await client.ingest(QUEUE)).request_id
-
-    return asyncio.run(run())
-
-
 class Progress:
-    """Prints a line whenever a Request changes state."""
+    """Prints a line whenever a Request of the first act changes state."""
 
-    def __init__(self, dsn: str, commits: dict[str, tuple[str, str]]) -> None:
-        self.dsn = dsn
+    def __init__(self, run: DemoRun, commits: dict[str, tuple[str, str]]) -> None:
+        self.run = run
         self.commits = commits  # uri -> (sha, subject); URIs stay opaque here
         self.seen: dict[str, str] = {}
 
     def poll(self) -> dict[str, tuple[str, str]]:
-        rows = _rows(self.dsn)
+        rows = _rows(self.run.dsn)
         for rid in sorted(rows, key=request_order):
             uri, state = rows[rid]
             if self.seen.get(rid) != state:
@@ -215,35 +206,21 @@ class Progress:
                            + click.style(state, fg=colour))
         return rows
 
-    def wait_terminal(self, request_id: str, worker: subprocess.Popen[bytes], log: Path,
-                      timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if worker.poll() is not None:
-                raise click.ClickException(f"the worker exited; see {log}")
-            rows = self.poll()
-            if rows.get(request_id, ("", ""))[1] in TERMINAL:
-                return
-            time.sleep(0.3)
-        raise click.ClickException(f"{request_id} did not finish in {timeout:.0f}s; "
-                                   f"see {log}")
+    def wait_terminal(self, request_id: str) -> None:
+        self.run.wait_until(lambda: self.poll().get(request_id, ("", ""))[1] in TERMINAL,
+                            f"{request_id} did not finish")
 
-    def wait_culprit(self, worker: subprocess.Popen[bytes], log: Path,
-                     timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if worker.poll() is not None:
-                raise click.ClickException(f"the worker exited; see {log}")
+    def wait_culprit(self) -> None:
+        def ended() -> bool:
             self.poll()
-            with psycopg.connect(self.dsn) as conn:
-                row = conn.execute("SELECT state FROM culprit_search WHERE queue = %s"
-                                   " ORDER BY created_at DESC LIMIT 1", (QUEUE,)).fetchone()
-            if row is not None and row[0] != "bisecting":
-                self.poll()
-                return
-            time.sleep(0.3)
-        raise click.ClickException(f"the culprit search did not end in {timeout:.0f}s; "
-                                   f"see {log}")
+            search = newest_search(self.run, QUEUE)
+            return search is not None and search[0] != "bisecting"
+
+        self.run.wait_until(ended, "the culprit search did not end")
+        self.poll()
+
+
+ACTS = ("all", "repository", "monorepo")
 
 
 @click.command("demo")
@@ -252,8 +229,12 @@ class Progress:
 @click.option("--keep-running/--exit", default=None,
               help="Keep the worker (and its dashboard) running after the demo until "
                    "Ctrl-C. Default: keep running when attached to a terminal.")
-def demo_command(web_port: int, keep_running: bool | None) -> None:
-    """Run Stovepipe end to end on a demo git repository."""
+@click.option("--act", type=click.Choice(ACTS), default="all", show_default=True,
+              help="Which story to play: a repository validated as a whole (a break, a "
+                   "force-push, a culprit), a monorepo of three projects validated each "
+                   "on its own, or both.")
+def demo_command(web_port: int, keep_running: bool | None, act: str) -> None:
+    """Run Stovepipe end to end on demo git repositories."""
     started = time.monotonic()
     # stopped by SIGTERM as by Ctrl-C: the worker it started is stopped too
     signal.signal(signal.SIGTERM, _interrupted)
@@ -263,24 +244,31 @@ def demo_command(web_port: int, keep_running: bool | None) -> None:
     kafka_security_or_fail()  # a bad TLS or SASL variable is named before anything starts
     home = settings.home / "demo"
     home.mkdir(parents=True, exist_ok=True)
+    numbers = itertools.count(1)
 
-    click.secho("1. The local stack", bold=True)
+    def heading(text: str) -> None:
+        click.secho(f"{next(numbers)}. {text}", bold=True)
 
+    heading("The local stack")
     stack = ensure_up(settings, quiet=True)
     click.echo(f"   Kafka {stack.kafka_bootstrap}, PostgreSQL {stack.postgres_dsn}")
-    dsn = _fresh_schema(stack.postgres_dsn)
-    topics = _fresh_topics(stack.kafka_bootstrap, settings.topics_file)
-    click.echo(f"   schema {SCHEMA} migrated; topics {topics.prefix}* created")
+    schema, stem = demo_names(home)
+    dsn = _fresh_schema(stack.postgres_dsn, schema)
+    topics = _fresh_topics(stack.kafka_bootstrap, settings.topics_file, stem)
+    click.echo(f"   schema {schema} migrated; topics {topics.prefix}* created")
 
-    click.secho("2. A demo repository with the command build runner", bold=True)
     repo = DemoRepository(home / "repo")
     repo.create()
-    queues_file = _demo_queues_file(home, repo.path)
-    click.echo(f"   {repo.path} (branch main, promotion ref verified-main)")
-    click.echo(f"   queue {QUEUE}: build = `sh ./build.sh` in a clean checkout; "
-               f"config {queues_file}")
+    monorepo = demo_monorepo.Monorepo(home / "mono")
+    monorepo.create()
+    queues_file = _demo_queues_file(home, repo.path, monorepo.path)
+    if act != "monorepo":
+        heading("A demo repository with the command build runner")
+        click.echo(f"   {repo.path} (branch main, promotion ref verified-main)")
+        click.echo(f"   queue {QUEUE}: build = `sh ./build.sh` in a clean checkout; "
+                   f"config {queues_file}")
 
-    click.secho("3. A worker", bold=True)
+    heading("A worker")
     log = home / "worker.log"
     env = dict(os.environ, STOVEPIPE_KAFKA_BOOTSTRAP=stack.kafka_bootstrap,
                STOVEPIPE_POSTGRES_DSN=dsn, STOVEPIPE_TOPIC_PREFIX=topics.prefix,
@@ -293,28 +281,16 @@ def demo_command(web_port: int, keep_running: bool | None) -> None:
     dashboard = f"http://127.0.0.1:{web_port}/"
     click.echo(f"   pid {worker.pid}, log {log}, dashboard {dashboard}")
     try:
-        click.secho("4. Commits land; each is ingested and validated", bold=True)
-        demo_settings = dataclasses.replace(settings, postgres_dsn=dsn,
-                                            kafka_bootstrap=stack.kafka_bootstrap)
-        commits: dict[str, tuple[str, str]] = {}
-        progress = Progress(dsn, commits)
-        for step in STEPS:
-            sha = repo.land(step)
-            request_id = _ingest(demo_settings, topics, queues_file)
-            commits[_rows(dsn)[request_id][0]] = (sha, step.subject)
-            progress.wait_terminal(request_id, worker, log)
-        click.secho(f"5. One push of {len(PUSH)} commits; one of them breaks the build",
-                    bold=True)
-        for step in PUSH:
-            sha = repo.land(step)
-            commits[git_uri(str(repo.path), "main", sha)] = (sha, step.subject)
-        request_id = _ingest(demo_settings, topics, queues_file)
-        progress.wait_terminal(request_id, worker, log)
-        click.echo("   the head is red: validating commits nobody built to find the break "
-                   "it is red for (backfill Requests, ids …~<n>)")
-        progress.wait_culprit(worker, log)
-        _print_summary(dsn, repo, commits, dashboard)
-        click.echo(f"Demo finished in {time.monotonic() - started:.0f} s.")
+        run = DemoRun(dataclasses.replace(settings, postgres_dsn=dsn,
+                                          kafka_bootstrap=stack.kafka_bootstrap),
+                      topics, queues_file, dsn, worker, log)
+        if act != "monorepo":
+            _repository_act(run, repo, dashboard, heading)
+        if act != "repository":
+            heading("A monorepo: three projects, each green or red on its own")
+            demo_monorepo.introduce(monorepo, queues_file)
+            demo_monorepo.play(run, monorepo, heading, dashboard)
+        click.echo(f"\nDemo finished in {time.monotonic() - started:.0f} s.")
         if keep_running is None:
             keep_running = sys.stdin.isatty()
         if keep_running:
@@ -330,12 +306,36 @@ def demo_command(web_port: int, keep_running: bool | None) -> None:
                 os.killpg(worker.pid, signal.SIGKILL)
 
 
+def _repository_act(run: DemoRun, repo: DemoRepository, dashboard: str,
+                    heading: Callable[[str], None]) -> None:
+    """The first act: a repository validated as a whole."""
+    heading("Commits land; each is ingested and validated")
+    commits: dict[str, tuple[str, str]] = {}
+    progress = Progress(run, commits)
+    for step in STEPS:
+        sha = repo.land(step)
+        request_id = run.ingest(QUEUE)
+        commits[_rows(run.dsn)[request_id][0]] = (sha, step.subject)
+        progress.wait_terminal(request_id)
+    heading(f"One push of {len(PUSH)} commits; one of them breaks the build")
+    for step in PUSH:
+        sha = repo.land(step)
+        commits[git_uri(str(repo.path), "main", sha)] = (sha, step.subject)
+    request_id = run.ingest(QUEUE)
+    progress.wait_terminal(request_id)
+    click.echo("   the head is red: validating commits nobody built to find the break "
+               "it is red for (backfill Requests, ids …~<n>)")
+    progress.wait_culprit()
+    _print_summary(run, repo, commits, dashboard)
+
+
 def _interrupted(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _print_summary(dsn: str, repo: DemoRepository, commits: dict[str, tuple[str, str]],
-                   dashboard: str) -> None:
+def _print_summary(run: DemoRun, repo: DemoRepository,
+                   commits: dict[str, tuple[str, str]], dashboard: str) -> None:
+    dsn = run.dsn
     with psycopg.connect(dsn) as conn:
         facts: dict[str, float] = dict(conn.execute(
             "SELECT uri, degree FROM validation_fact WHERE queue = %s", (QUEUE,)).fetchall())
@@ -344,7 +344,7 @@ def _print_summary(dsn: str, repo: DemoRepository, commits: dict[str, tuple[str,
                                  "WHERE queue = %s", (QUEUE,)).fetchall()}
         bookmark = conn.execute("SELECT last_green_uri, last_green_request_id FROM queue "
                                 "WHERE name = %s", (QUEUE,)).fetchone()
-    on_main = set(_git(repo.path, "rev-list", "main").split())
+    on_main = set(git(repo.path, "rev-list", "main").split())
     click.secho("\nGreenness of demo/main", bold=True)
     click.echo(f"  {'commit':<9} {'subject':<46} {'request':<22} {'build':<12} "
                f"{'state':<10} fact")
@@ -362,22 +362,8 @@ def _print_summary(dsn: str, repo: DemoRepository, commits: dict[str, tuple[str,
                f"({bookmark[1] if bookmark else '-'})")
     click.echo(f"  promotion ref verified-main: {promoted or '-'}  "
                f"(git -C {repo.path} rev-parse verified-main)")
-    with psycopg.connect(dsn) as conn:
-        search = conn.execute(
-            "SELECT state, culprit_uri, builds, cardinality(commits) - 2, detail, confirmed"
-            " FROM culprit_search WHERE queue = %s ORDER BY created_at DESC LIMIT 1",
-            (QUEUE,)).fetchone()
+    search = newest_search(run, QUEUE)
     if search is not None:
-        state, culprit, builds, unbuilt, detail, confirmed = search
-        if culprit is not None:
-            sha, subject = commits.get(culprit, ("?", "?"))
-            what = ("the culprit, confirmed (every commit after it is red)" if confirmed
-                    else "a break, not confirmed as the head's")
-            click.echo("  red since: " + click.style(f"{sha[:8]} {subject!r}", fg="red",
-                                                      bold=True)
-                       + f" by Demo — {what}, found among {unbuilt} commits nobody "
-                         f"built with {builds} backfill builds")
-        else:
-            click.echo(f"  culprit search: {state} ({detail})")
+        click.echo("  " + culprit_words(search, commits))
     click.echo(f"  why the bookmark is where it is: stovepipe explain {QUEUE}")
     click.echo(f"  dashboard: {dashboard}")

@@ -6,6 +6,8 @@ the broker refused to create; 2 a topic missing (verify) or differing from topic
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 
 import click
@@ -32,7 +34,6 @@ from streams.schema.durations import format_duration
 EXIT_DRIFT = 2
 
 
-
 def _report(ctx: click.Context, report: TopicsReport) -> None:
     width = max((len(s.name) for s in report), default=0)
     for status in report:
@@ -53,6 +54,9 @@ def _report(ctx: click.Context, report: TopicsReport) -> None:
                 "deliberately once the topic is drained")
         if counts[TopicState.MISSING]:
             hint = "run `stovepipe topics create` to create missing topics"
+        elif any("partitions:" not in s.detail for s in report.with_state(TopicState.MISMATCH)):
+            hint = ("existing topics are never altered: change a config deliberately "
+                    "(kafka-configs --alter) and topics.yaml with it, or fix topics.yaml")
         click.echo(f"Error: {drift} topic(s) differ from topics.yaml; {hint}", err=True)
         ctx.exit(EXIT_DRIFT)
 
@@ -70,6 +74,16 @@ def _run(ctx: click.Context, topics_file: Path | None, prefix: str | None, boots
     except TopicsAdminError as exc:
         raise click.ClickException(str(exc)) from None
     _report(ctx, report)
+
+
+def _retention(config: Mapping[str, str]) -> str:
+    """retention.ms as a duration: "-" for the broker's default, "forever" for -1."""
+    value = config.get("retention.ms")
+    if value is None:
+        return "-"
+    if value.startswith("-"):
+        return "forever"
+    return format_duration(timedelta(milliseconds=int(value)))
 
 
 @click.group("topics")
@@ -107,18 +121,19 @@ def list_command(topics_file: Path | None, prefix: str | None) -> None:
     """Show the topics topics.yaml declares, with their full Kafka names (no broker)."""
     config = load_topics_or_fail(topics_file, prefix)
     click.echo(f"# {config.path} (prefix {config.prefix!r})")
-    rows = [("ENTRY", "TOPIC", "PARTS", "RF", "KEY FIELD", "PAYLOAD", "ON FAILURE")]
+    rows = [("ENTRY", "TOPIC", "PARTS", "RF", "RETENTION", "KEY FIELD", "PAYLOAD",
+             "ON FAILURE")]
     for topic in config.all_topics():
         if isinstance(topic, DelayTier):
             rows.append((topic.entry, topic.full_name, str(topic.partitions),
-                         str(topic.replication_factor), "-", "-",
+                         str(topic.replication_factor), _retention(topic.config), "-", "-",
                          f"delay tier: redeliver after {format_duration(topic.delay)}"))
             continue
         target = config.dead_letter_for(topic)
         failure = topic.retry.describe() + (f", then {target.full_name}" if target else "")
         rows.append((topic.entry, topic.full_name, str(topic.partitions),
-                     str(topic.replication_factor), topic.key_field,
-                     topic.payload.DESCRIPTOR.name, failure))
+                     str(topic.replication_factor), _retention(topic.config),
+                     topic.key_field, topic.payload.DESCRIPTOR.name, failure))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]

@@ -55,6 +55,7 @@ from streams.config.projects import (
     scope_configs,
     unaffected_statuses_named,
 )
+from streams.config.retention import RetentionConfig, load_retention
 from streams.config.webhooks import HostedPath, WebhooksConfig, load_webhooks
 from streams.extensions import ExtensionContext, tracing
 from streams.extensions.buildrunner import BuildRunner, BuildRunnerSpec
@@ -147,6 +148,7 @@ class QueuesConfig:
     # each project's scope (`<queue>#<project>`), by name
     scopes: Mapping[str, QueueConfig] = dataclasses.field(
         default_factory=lambda: MappingProxyType({}))
+    retention: RetentionConfig | None = None  # the workers' pruning; None: off
 
     def get(self, name: str) -> QueueConfig:
         """The queue — or a project's scope — of that name. Raises UnknownQueue naming
@@ -229,6 +231,7 @@ class _TopLevel(Section):
     defaults: Any = None
     queues: Any = None
     webhooks: Any = None  # validated by streams.config.webhooks
+    retention: Any = None  # validated by streams.config.retention
 
 
 # --- extensions -------------------------------------------------------------------------
@@ -345,6 +348,7 @@ def load_queues(path: Path | str | None = None) -> QueuesConfig:
 
     defaults = _section(raw.get("defaults"), "defaults", problems, context)
     webhooks = load_webhooks(raw.get("webhooks"), problems)
+    retention = load_retention(raw.get("retention"), problems)
     queues_raw = raw.get("queues")
     if queues_raw is not None and not isinstance(queues_raw, dict):
         problems.add("queues", f"expected a mapping, got {type(queues_raw).__name__}")
@@ -371,7 +375,7 @@ def load_queues(path: Path | str | None = None) -> QueuesConfig:
     scopes = {name: scope for queue in queues.values()
               for name, scope in scope_configs(queue).items()}
     return QueuesConfig(path=file, queues=MappingProxyType(queues), webhooks=webhooks,
-                        scopes=MappingProxyType(scopes))
+                        scopes=MappingProxyType(scopes), retention=retention)
 
 
 def _section(raw: Any, where: str, problems: Problems,

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator
 
+from streams.schema.durations import parse_duration
 from streams.schema.fields import Duration, Flag, PositiveInt, Problems, Section
 
 TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]*")
@@ -58,11 +59,28 @@ def _config_value(value: object) -> str:
     raise ValueError(f"expected a string or number, got {value!r}")
 
 
+def _topic_configs(values: dict[str, str]) -> dict[str, str]:
+    """Kafka's own topic configs; one whose name ends in ``.ms`` (``retention.ms``,
+    ``segment.ms``) may be written as a duration (``7d``, ``1h``): it is stored in
+    milliseconds, as Kafka reads it. ``-1`` (no limit) and plain numbers stay."""
+    out = {}
+    for name, value in values.items():
+        if name.endswith(".ms") and not value.lstrip("-").isdigit():
+            try:
+                value = str(round(parse_duration(value).total_seconds() * 1000))
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc} (or milliseconds, or -1 for no limit)") \
+                    from None
+        out[name] = value
+    return out
+
+
 Attempts = Annotated[int | str, BeforeValidator(_attempts)]
 Backoff = Annotated[list[Duration], BeforeValidator(_backoff_list),
                     AfterValidator(_not_decreasing)]
 TopicName = Annotated[str, BeforeValidator(_topic_name)]
 ConfigValue = Annotated[str, BeforeValidator(_config_value)]
+TopicConfigs = Annotated[dict[str, ConfigValue], AfterValidator(_topic_configs)]
 
 
 class RetryLayer(Section):
@@ -77,7 +95,7 @@ class TopicLayer(Section):
     partitions: PositiveInt | None = None
     replication_factor: PositiveInt | None = None
     retry: RetryLayer | None = None
-    config: dict[str, ConfigValue] | None = None
+    config: TopicConfigs | None = None
 
 
 class TopicEntry(TopicLayer):
@@ -96,7 +114,7 @@ class TierEntry(Section):
     delay: Duration | None = None
     partitions: PositiveInt | None = None
     replication_factor: PositiveInt | None = None
-    config: dict[str, ConfigValue] | None = None
+    config: TopicConfigs | None = None
 
 
 class TopLevel(Section):

@@ -243,6 +243,21 @@ FLAKES = Gauge(
     "(window=24h) and ever (window=total).",
     ["queue", "window"],
 )
+ROWS_PAST_RETENTION = Gauge(
+    "stovepipe_rows_past_retention",
+    "Rows older than the retention that retention may delete and its last round left "
+    "(over its max_rows): 0 once it has caught up; no sample while retention is off.",
+    ["table"],
+)
+PRUNED_ROWS = Counter(
+    "stovepipe_pruned_rows_total",
+    "Rows retention deleted in this worker's rounds, by table.",
+    ["table"],
+)
+RETENTION_ROUND_FINISHED = Gauge(
+    "stovepipe_retention_round_finished_timestamp_seconds",
+    "When the newest retention round (of any worker) finished, Unix time.",
+)
 
 BUILD = Info("stovepipe_build", "The Stovepipe release this process runs.")
 BUILD.info({"version": __version__})

@@ -1,7 +1,9 @@
 """Creating and verifying the topics of topics.yaml on a broker (confluent-kafka's
-AdminClient). `ensure_topics()` creates missing topics and reports, never changes,
-existing ones that differ from the file. The CLI (`stovepipe topics`) is a thin shell
-over it; the devstack, the demo and the tests call it directly.
+AdminClient). `ensure_topics()` creates missing topics (with their `config`) and reports,
+never changes, existing ones that differ from the file: in partitions, replication factor
+or a config the file sets (`retention.ms`, `cleanup.policy`, ..., read with
+`describe_configs`). The CLI (`stovepipe topics`) is a thin shell over it; the devstack,
+the demo and the tests call it directly.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from streams.config.kafka_security import KafkaSecurity, librdkafka_conf
 from streams.config.topics import DelayTier, TopicsConfig, TopicSpec
@@ -143,7 +145,37 @@ def _await_visible(admin: Any, bootstrap: str, names: list[str],
         time.sleep(0.1)
 
 
-def _compare(topic: TopicSpec | DelayTier, actual: tuple[int, int]) -> TopicStatus:
+def _configs(admin: Any, bootstrap: str, topics: Iterable[TopicSpec | DelayTier],
+             timeout: float) -> dict[str, dict[str, str]]:
+    """Topic name → the broker's value of each config its topics.yaml entry sets."""
+    wanted = [t for t in topics if t.config]
+    if not wanted:
+        return {}
+    futures = admin.describe_configs(
+        [ConfigResource(ResourceType.TOPIC, t.full_name) for t in wanted],
+        request_timeout=timeout)
+    found: dict[str, dict[str, str]] = {}
+    for resource, future in futures.items():
+        try:
+            entries = future.result(timeout=timeout + 5)
+        except (KafkaException, TimeoutError) as exc:
+            raise TopicsAdminError(
+                f"Kafka at {bootstrap} did not describe the configs of {resource.name} "
+                f"within {timeout:g}s ({_reason(exc)})") from None
+        found[resource.name] = {name: entry.value for name, entry in entries.items()}
+    return found
+
+
+def _same_config(declared: str, actual: str | None) -> bool:
+    if actual is None:
+        return False
+    if "," in declared or "," in actual:  # a list, e.g. cleanup.policy: compact,delete
+        return sorted(declared.split(",")) == sorted(actual.split(","))
+    return declared == actual
+
+
+def _compare(topic: TopicSpec | DelayTier, actual: tuple[int, int],
+             configs: Mapping[str, str]) -> TopicStatus:
     partitions, replicas = actual
     drift = []
     if partitions != topic.partitions:
@@ -151,6 +183,10 @@ def _compare(topic: TopicSpec | DelayTier, actual: tuple[int, int]) -> TopicStat
     if replicas != topic.replication_factor:
         drift.append(f"replication factor: topics.yaml says {topic.replication_factor}, "
                      f"broker has {replicas}")
+    for name, declared in topic.config.items():
+        if not _same_config(declared, configs.get(name)):
+            drift.append(f"{name}: topics.yaml says {declared}, broker has "
+                         f"{configs.get(name, 'no such config')}")
     if drift:
         return TopicStatus(topic, TopicState.MISMATCH, "; ".join(drift))
     return TopicStatus(topic, TopicState.EXISTS, f"{partitions} partitions")
@@ -166,8 +202,8 @@ def ensure_topics(
 ) -> TopicsReport:
     """Create the missing topics of `config` (all, or just `topics`) and report on each.
 
-    Idempotent. An existing topic is never altered: one whose partition count or
-    replication factor differs from topics.yaml is reported as MISMATCH. With
+    Idempotent. An existing topic is never altered: one whose partition count,
+    replication factor or a config topics.yaml sets differs is reported as MISMATCH. With
     `create=False` nothing is created and absent topics are MISSING. Every admin call is
     bounded by `timeout` seconds; no answer raises TopicsAdminError.
     """
@@ -178,9 +214,12 @@ def ensure_topics(
 
     statuses: dict[str, TopicStatus] = {}
     to_create = []
+    configs = _configs(admin, bootstrap, [t for t in wanted if t.full_name in existing],
+                       timeout)
     for topic in wanted:
         if topic.full_name in existing:
-            statuses[topic.full_name] = _compare(topic, existing[topic.full_name])
+            statuses[topic.full_name] = _compare(topic, existing[topic.full_name],
+                                                 configs.get(topic.full_name, {}))
         elif create:
             to_create.append(topic)
         else:
@@ -218,9 +257,12 @@ def ensure_topics(
             if topic.full_name not in visible:
                 detail += f" (not yet in the broker's metadata after {timeout:g}s)"
             statuses[topic.full_name] = TopicStatus(topic, TopicState.CREATED, detail)
+        raced_configs = _configs(admin, bootstrap,
+                                 [t for t in raced if t.full_name in visible], timeout)
         for topic in raced:
             actual = visible.get(topic.full_name)
-            statuses[topic.full_name] = _compare(topic, actual) if actual else TopicStatus(
+            statuses[topic.full_name] = _compare(
+                topic, actual, raced_configs.get(topic.full_name, {})) if actual else TopicStatus(
                 topic, TopicState.FAILED,
                 f"the broker says it exists but did not list it within {timeout:g}s")
     return TopicsReport(tuple(statuses[t.full_name] for t in wanted))

@@ -29,6 +29,7 @@ from streams.stages import (
     process,
     reconcile,
     record,
+    retention,
     sweeper,
 )
 from streams.stages.deps import Deps
@@ -59,11 +60,13 @@ def periodic_tasks(
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL) -> tuple[PeriodicTask[Deps], ...]:
     """What a pipeline worker does on a timer: the sweeper (design §6, liveness), the
     tend of the build runners that run builds on this host, the sender of commit statuses
-    and alerts with the staleness judge, and the lag gauges."""
+    and alerts with the staleness judge, the lag gauges, and retention (a round when one
+    is due, at most one worker at a time; a no-op while retention is off)."""
     return (PeriodicTask("sweeper", sweep_interval, sweeper.sweep),
             PeriodicTask("tend_build_runners", TEND_INTERVAL, tend_build_runners),
             PeriodicTask("notify", notify.INTERVAL, notify.send_notifications),
-            PeriodicTask("gauges", sweep_interval, gauges.refresh_gauges))
+            PeriodicTask("gauges", sweep_interval, gauges.refresh_gauges),
+            PeriodicTask("retention", sweep_interval, retention.apply_retention))
 
 
 async def tend_build_runners(deps: Deps, publish: Publisher) -> None:

@@ -63,6 +63,7 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from store import DeliveryState, WebhookDelivery, parse_request_id
+from store.webhook_deliveries import KEEP_DELIVERIES
 from streams.config.queues import QueuesConfig
 from streams.config.settings import DEFAULT_WEBHOOK_BODIES, DEFAULT_WEBHOOK_READ_TIMEOUT
 from streams.config.webhooks import PROVIDERS, Provider
@@ -96,7 +97,6 @@ INGEST_DEADLINE = 15.0  # seconds to ingest every queue a push moves (then 503)
 CLAIM_WAIT = 15.0  # how long a delivery waits while another with its id is ingesting
 CLAIM_POLL = 0.1
 STALE_CLAIM = 60.0  # a claim older than this outlived its claimant's deadline: it died
-KEEP_DELIVERIES = 7 * 24 * 3600.0  # seconds a delivery id is remembered
 
 _NAMES: dict[Provider, str] = {"github": "GitHub", "gitlab": "GitLab"}
 
