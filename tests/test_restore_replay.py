@@ -1,6 +1,6 @@
 """Recovering from a restored database (issue 16 item 9; design §10): back the database
 up, let the pipeline go on, restore the backup, replay every stage topic from the
-backup's time and ingest again, as the README's "Operating it" tells an operator.
+backup's time and ingest again, as docs/operating.md tells an operator.
 
 The restore sends the queue's counter back, so the next head gets the id a lost Request
 had (`request/<queue>/3`), while Kafka still holds, and the replay brings back, every

@@ -1,6 +1,6 @@
 """`stovepipe prune --older-than 180d [--dry-run]`: delete history older than the
 retention, except what a gate or a person still needs (`streams.stages.retention`;
-README "Retention"), and print per table what went (or would go).
+docs/operating.md, "Retention"), and print per table what went (or would go).
 
 Exit codes: 0 done; 1 the database unreachable, or a retention round already running (a
 worker's, or another prune); 2 bad input.

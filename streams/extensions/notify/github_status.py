@@ -126,7 +126,7 @@ class GitHubStatusSpec:
     context: NonEmptyStr = DEFAULT_CONTEXT
     # a queue with projects: the projects whose `stovepipe/<project>` status is set on
     # the heads that do not affect them (the answer they inherit); none by default, as
-    # each costs a content-creating call to GitHub per head (README, "Commit statuses
+    # each costs a content-creating call to GitHub per head (docs/guide.md, "Commit statuses
     # and alerts")
     unaffected: Unaffected = ()
     # the token's content-creating calls an hour (statuses, and a github_actions runner's
