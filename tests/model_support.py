@@ -329,6 +329,7 @@ class Knobs:
     backfill: BackfillSpec = field(default_factory=BackfillSpec)  # off: no culprit search
     status_channels: tuple[str, ...] = ()  # the model's queues notify nothing
     alert_channels: tuple[str, ...] = ()
+    projects: Mapping[str, Any] = field(default_factory=dict)  # the model's queues have none
 
 
 class MemoryQueues:

@@ -52,7 +52,7 @@ if ! { git clone --quiet --shared --no-checkout -- "$source" "$state/checkout" &
   not_run
 fi
 cd "$state/checkout" || not_run
-if [ -n "$STOVEPIPE_BASE_SHA" ] &&
+if [ -n "${STOVEPIPE_PROJECT:-}" ] && [ -n "$STOVEPIPE_BASE_SHA" ] &&
    git diff --name-only --no-renames "$STOVEPIPE_BASE_SHA" "$sha" -- \
        >"$state/changed_paths" 2>/dev/null; then
   export STOVEPIPE_CHANGED_PATHS="$state/changed_paths"
@@ -87,13 +87,15 @@ def build_environment(spec: Mapping[str, Any]) -> dict[str, str]:
         "STOVEPIPE_BUILD_ID": spec["build_id"],
         # a project's build (its scope `<queue>#<project>`) names its queue and project
         "STOVEPIPE_QUEUE": split_scope(spec.get("queue", ""))[0],
-        "STOVEPIPE_PROJECT": split_scope(spec.get("queue", ""))[1] or "",
         "STOVEPIPE_REQUEST_ID": spec.get("request_id", ""),
         "STOVEPIPE_HEAD_URI": spec["head_uri"],
         "STOVEPIPE_HEAD_SHA": spec["head_sha"],
         "STOVEPIPE_BASE_URI": spec.get("base_uri", ""),
         "STOVEPIPE_BASE_SHA": spec.get("base_sha", ""),
     })
+    project = split_scope(spec.get("queue", ""))[1]
+    if project:  # a queue without projects builds with exactly the variables it had
+        env["STOVEPIPE_PROJECT"] = project
     return env
 
 
