@@ -28,26 +28,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
-
-import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.pipeline_bench import endpoints, free_port
-from bench.worker_budget_bench import _delete_kafka_state
-from store.migrations import migrate
+from bench.throwaway import throwaway_pipeline
+from tests.command_support import git
 from tests.pipeline_support import Pipeline, produce_ingests
 from tests.waiting import wait_until
 
@@ -89,17 +81,10 @@ class RunResult:
         return self.children / self.requests
 
 
-def _git(repo: Path, *args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    return subprocess.run(["git", "-c", "user.name=bench", "-c", "user.email=b@b.invalid",
-                           "-C", str(repo), *args], env=env, check=True,
-                          capture_output=True, text=True).stdout.strip()
-
-
 def _commit(repo: Path, text: str) -> None:
     (repo / "app.txt").write_text(text + "\n")
-    _git(repo, "add", "app.txt")
-    _git(repo, "commit", "-q", "-m", text)
+    git(repo, "add", "app.txt")
+    git(repo, "commit", "-q", "-m", text)
 
 
 class Bench:
@@ -109,7 +94,7 @@ class Bench:
         for n in range(args.queues):
             queue, repo = f"q{n:03d}/main", root / "repos" / f"q{n:03d}"
             repo.mkdir(parents=True)
-            _git(repo, "init", "-q", "-b", "main")
+            git(repo, "init", "-q")  # on main: command_support.git sets the default
             _commit(repo, "c0")
             self.repos[queue] = repo
             pipeline.add_raw_queue(queue, {
@@ -143,18 +128,8 @@ class Bench:
 
 
 def one_run(bootstrap: str, admin_dsn: str, args: argparse.Namespace) -> RunResult:
-    tag = uuid.uuid4().hex[:8]
-    schema, prefix = f"rc_{tag}", f"rc{tag}."
-    root = Path(tempfile.mkdtemp(prefix="request-cpu-bench-"))
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    pipeline: Pipeline | None = None
-    try:
-        dsn = make_conninfo(admin_dsn, options=f"-c search_path={schema}")
-        migrate(dsn)
-        pipeline = Pipeline(bootstrap=bootstrap, dsn=dsn, prefix=prefix, root=root)
-        pipeline.sweep_interval = 5.0  # the shipped sweep interval
-        bench = Bench(pipeline, root, args)
+    with throwaway_pipeline(bootstrap, admin_dsn, "rc") as pipeline:
+        bench = Bench(pipeline, pipeline.root, args)
         port = free_port()
         worker = pipeline.start_worker(web_port=port)
         wait_until(lambda: _answers(port, "/startupz"), timeout=180,
@@ -173,13 +148,6 @@ def one_run(bootstrap: str, admin_dsn: str, args: argparse.Namespace) -> RunResu
         bench.check_outcomes()
         return RunResult(args.rounds * args.queues, wall, after.own - idle.own, idle_rate,
                          after.children - idle.children)
-    finally:
-        if pipeline is not None:
-            pipeline.close()
-            _delete_kafka_state(bootstrap, prefix, pipeline.app_id)
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _answers(port: int, path: str) -> bool:
