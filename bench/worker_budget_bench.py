@@ -23,67 +23,25 @@ Run it on code before issue 23 (which did not count worker processes) with
 from __future__ import annotations
 
 import argparse
-import contextlib
-import shutil
 import statistics
 import sys
-import tempfile
-import uuid
 from pathlib import Path
-
-import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.pipeline_bench import endpoints
-from store.migrations import migrate
+from bench.throwaway import throwaway_pipeline
 from tests.budget_support import BudgetRun, fake_organization, run_builds_at_once
-from tests.pipeline_support import Pipeline
 
 
 def one_run(bootstrap: str, admin_dsn: str, workers: int,
             args: argparse.Namespace) -> BudgetRun:
-    tag = uuid.uuid4().hex[:8]
-    schema, prefix = f"wb_{tag}", f"wb{tag}."
-    root = Path(tempfile.mkdtemp(prefix="worker-budget-bench-"))
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    pipeline: Pipeline | None = None
-    try:
-        dsn = make_conninfo(admin_dsn, options=f"-c search_path={schema}")
-        migrate(dsn)
-        pipeline = Pipeline(bootstrap=bootstrap, dsn=dsn, prefix=prefix, root=root)
-        pipeline.sweep_interval = 5.0  # the shipped sweep interval
+    with throwaway_pipeline(bootstrap, admin_dsn, "wb") as pipeline:
         fake = fake_organization(args.pipelines)
         with fake.in_thread():
-            return run_builds_at_once(pipeline, root, fake, workers=workers,
+            return run_builds_at_once(pipeline, pipeline.root, fake, workers=workers,
                                       builds=args.builds, running_seconds=args.running,
                                       require_count=not args.no_count_wait)
-    finally:
-        if pipeline is not None:
-            pipeline.close()
-            _delete_kafka_state(bootstrap, prefix, pipeline.app_id)
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _delete_kafka_state(bootstrap: str, prefix: str, app_id: str) -> None:
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    with contextlib.suppress(Exception):
-        for fut in admin.delete_consumer_groups([app_id, f"{app_id}-delay"],
-                                                request_timeout=15).values():
-            with contextlib.suppress(Exception):
-                fut.result(timeout=15)
-    names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
-    if names:
-        for fut in admin.delete_topics(names, operation_timeout=30).values():
-            with contextlib.suppress(Exception):
-                fut.result(timeout=30)
 
 
 def describe(run: BudgetRun) -> str:
