@@ -12,6 +12,7 @@ from urllib.parse import quote, urlencode
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+import streams
 from tests.waiting import wait_until
 from tests.web_support import TOKEN, WebPipeline, assert_error
 
@@ -29,7 +30,8 @@ def test_ingest_and_read_back_over_http(web: WebPipeline) -> None:
     web.wait_healthy()
 
     health = web.get("/health")
-    assert health.body == {"status": "ok", "runtime": "started", "database": "ok"}
+    assert health.body == {"status": "ok", "runtime": "started", "database": "ok",
+                           "version": streams.__version__}
 
     first = web.post("/api/queues/team/main/ingest")
     assert (first.status, first.body) == (201, {"queue": "team/main", "new": True,

@@ -202,6 +202,12 @@ def test_a_commit_keeps_its_newest_validation_whenever_it_keeps_any(
     later validation is created later)."""
     requests = {}
     named = []
+    # a Request still under way was created after the cutoff (deadlines and the
+    # reconcilers end every Request within hours), and so was every later validation
+    recent_from = dict(recent_from)
+    for commit, k, state, _ in validations:
+        if not state.is_terminal:
+            recent_from[commit] = min(recent_from.get(commit, 5), k)
     for commit, k, state, is_named in validations:
         request_id = f"request/q/{commit}" + (f".{k}" if k > 1 else "")
         old = k < recent_from.get(commit, 5)
