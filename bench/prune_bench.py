@@ -3,7 +3,7 @@ with an idle database against the same latency while a retention round deletes a
 1,000,000 old rows, and the round's rows/s. Prints figures; asserts nothing about timing.
 
     .venv/bin/python bench/prune_bench.py [--rows 1000000] [--queues 4] [--runs 3]
-        [--idle-requests 150] [--prune-by worker|cli] [--delay 50ms]
+        [--idle-requests 150] [--prune-by worker|cli] [--delay 50ms] [--duty-cycle 0.25]
 
 Per run, a deployment of its own (bench/pipeline_bench.py's: topics, schema, queues on the
 fake source control and build runner with instant builds, one real `stovepipe worker`):
@@ -12,7 +12,8 @@ fake source control and build runner with instant builds, one real `stovepipe wo
    (tests/retention_support.py: per Request its ingest mapping and, for 9 in 10, its
    build, fact and sent commit status, for 1 in 10 a command build) into the queues the
    pipeline then validates, as a long-lived deployment's would be; then ANALYZE. The
-   queues.yaml has `retention: {older_than: 180d, every: 1h, max_rows: <all>}` and the
+   queues.yaml has `retention: {older_than: 180d, every: 1h, max_rows: <all>,
+   duty_cycle: <--duty-cycle>}` (default: the shipped default) and the
    newest round is recorded as just started, so no round is due yet;
 2. idle: one chain of Requests per queue (push a head, ingest it in-process as
    `stovepipe ingest` does, wait for its fact, next), ``--idle-requests`` each; the
@@ -22,8 +23,8 @@ fake source control and build runner with instant builds, one real `stovepipe wo
    prune --older-than 180d` in a process of its own), the same chains running until the
    round has finished; only Requests ingested while it ran count.
 
-Reported per run and as the median of the runs: p50/p99 of both phases, the round's
-rows deleted, its seconds and rows/s, and the machine's load average at the start (the
+Reported per run and as the median of the runs: p50/p99 of both phases and their ratio,
+the round's rows deleted, its seconds and rows/s, and the machine's load average at the start (the
 machine is shared: other tenants move every figure).
 """
 
@@ -50,6 +51,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from streams.config.retention import DEFAULT_DUTY_CYCLE
 from tests.retention_support import ROWS_PER_REQUEST, old_history
 
 AGE = timedelta(days=200)
@@ -151,7 +153,8 @@ async def drive(args: argparse.Namespace, dep: pb.Deployment,
         else:
             prune_process = subprocess.Popen(  # noqa: ASYNC220 (a process that outlives this call)
                 [str(Path(sys.executable).parent / "stovepipe"), "prune", "--older-than",
-                 "180d"], env={**dep.env, "STOVEPIPE_QUEUES_FILE": str(dep.queues_file)},
+                 "180d", "--duty-cycle", str(args.duty_cycle)],
+                env={**dep.env, "STOVEPIPE_QUEUES_FILE": str(dep.queues_file)},
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         while True:
             await asyncio.sleep(0.2)
@@ -200,7 +203,8 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         dep.queues_file.write_text(yaml.safe_dump({
             "queues": dep.queues,
             "retention": {"older_than": "180d", "every": "1h",
-                          "max_rows": max(1, args.rows * 2)}}))
+                          "max_rows": max(1, args.rows * 2),
+                          "duty_cycle": args.duty_cycle}}))
         write_old_history(dep, queues, args.rows)
         dep.start_worker(None)
         dep.wait_metrics()
@@ -225,10 +229,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prune-by", choices=["worker", "cli"], default="worker")
     p.add_argument("--delay", default="50ms", help="gate and poll delays of every queue")
     p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--duty-cycle", type=float, default=DEFAULT_DUTY_CYCLE,
+                   help="the round's share of time spent deleting (1: never rests)")
     args = p.parse_args(argv)
     one, five, _ = os.getloadavg()
     log(f"{os.cpu_count()} cores, load average {one:.2f} / {five:.2f}; pruning by "
-        f"{args.prune_by}")
+        f"{args.prune_by}, duty cycle {args.duty_cycle}")
     results = []
     for n in range(args.runs):
         log(f"run {n + 1} of {args.runs}")
@@ -236,11 +242,13 @@ def main(argv: list[str] | None = None) -> None:
     keys = ("idle_p50", "idle_p99", "prune_p50", "prune_p99")
     print()
     print(f"{'run':>4} {'load':>5} {'idle p50':>9} {'idle p99':>9} {'prune p50':>10} "
-          f"{'prune p99':>10} {'rows':>10} {'s':>6} {'rows/s':>8} {'n idle/prune':>13}")
+          f"{'prune p99':>10} {'ratio':>6} {'rows':>10} {'s':>6} {'rows/s':>8} "
+          f"{'n idle/prune':>13}")
     for i, r in enumerate(results, 1):
         print(f"{i:>4} {r['load']:>5.2f} " + " ".join(
             f"{r[k] * 1000:>{10 if k.startswith('prune') else 9}.0f}" for k in keys)
-              + f" {int(r['deleted']):>10,} {r['seconds']:>6.1f} {r['rows_s']:>8,.0f}"
+              + f" {r['prune_p99'] / r['idle_p99']:>6.2f}"
+              f" {int(r['deleted']):>10,} {r['seconds']:>6.1f} {r['rows_s']:>8,.0f}"
               f" {int(r['idle_n']):>6}/{int(r['prune_n'])}")
     if len(results) > 1:
         med = {k: statistics.median(r[k] for r in results)
@@ -249,6 +257,11 @@ def main(argv: list[str] | None = None) -> None:
               f"{med['idle_p99'] * 1000:.0f} ms; pruning p50 {med['prune_p50'] * 1000:.0f} ms, "
               f"p99 {med['prune_p99'] * 1000:.0f} ms; {med['rows_s']:,.0f} rows/s "
               f"({med['seconds']:.1f} s)")
+        idle99 = sorted(r["idle_p99"] * 1000 for r in results)
+        ratios = [r["prune_p99"] / r["idle_p99"] for r in results]
+        print(f"pruning p99 / idle p99: median {statistics.median(ratios):.2f} "
+              f"(runs {', '.join(f'{x:.2f}' for x in ratios)}); idle p99 itself ranged "
+              f"{idle99[0]:.0f}-{idle99[-1]:.0f} ms across runs")
 
 
 if __name__ == "__main__":

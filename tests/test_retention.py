@@ -343,6 +343,31 @@ def test_a_round_deletes_at_most_max_rows_and_the_next_goes_on(history: str) -> 
     assert rest.finished and first.deleted + rest.deleted == Counter(DELETED)
 
 
+def test_a_round_rests_after_each_batch_in_proportion_to_its_work(history: str) -> None:
+    now = [0.0]
+    rests: list[float] = []
+
+    def clock() -> float:  # moves one second each time it is read
+        now[0] += 1
+        return now[0]
+
+    async def sleep(seconds: float) -> None:
+        rests.append(seconds)
+        now[0] += seconds
+
+    def pace(duty_cycle: float) -> retention.Pace:
+        return retention.Pace(duty_cycle, clock=clock, sleep=sleep)
+
+    report = _pruned(history, batch=3, pace=pace(0.25))
+    # each batch read the clock once after a rest: busy 1 s, so 3 s of rest each time
+    assert report.batches > 3 and rests == [3.0] * report.batches
+    assert report.rested == 3.0 * report.batches < report.seconds
+    assert {t: n for t, n in report.deleted.items() if n} == DELETED  # same work
+    rests.clear()
+    _pruned(history, dry_run=True, pace=pace(1.0))
+    assert rests and set(rests) == {0.0}  # 1: never rests, yields only
+
+
 def test_workers_prune_one_at_a_time_once_per_every(history: str) -> None:
     async def main() -> None:
         database = await Database.open(history, max_size=4)
@@ -410,11 +435,20 @@ def test_prune_command_says_what_it_deletes(history: str,
                                               "--json"])
     assert done.exit_code == 0, done.output
     assert '"request": 8' in done.output and '"total": 40' in done.output
-    for bad, message in (("5x", "expected a duration such as"), ("2h", "at least 1d"),
-                         ("", "expected a duration")):
-        refused = CliRunner().invoke(prune_command, ["--older-than", bad])
+    assert '"rested_seconds": ' in done.output
+    for args, message in (
+            (["5x"], "expected a duration such as"), (["2h"], "at least 1d"),
+            ([""], "expected a duration"),
+            (["180d", "--duty-cycle", "0"], "must be a share of time above 0 and at most 1"),
+            (["180d", "--duty-cycle", "2"], "got 2.0"),
+            (["180d", "--duty-cycle", "x"], "'x' is not a valid float")):
+        refused = CliRunner().invoke(prune_command, ["--older-than", *args])
         assert refused.exit_code == 2 and message in refused.output, refused.output
         assert "Traceback" not in refused.output
+    again = CliRunner().invoke(prune_command, ["--older-than", "180d", "--duty-cycle", "1"])
+    assert again.exit_code == 0, again.output
+    assert re.search(r"^0 rows in [0-9.]+ s \(0 rows/s\), \d+ batches, 0\.0 s of it resting$",
+                     again.output, re.MULTILINE), again.output
 
 
 def test_prune_command_waits_for_no_running_round(history: str,

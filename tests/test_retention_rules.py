@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from store import Request, RequestKind, RequestState, Verdict, commit_request_id, request_order
 from store.retention import Holdings, QueueRefs, SearchRefs
+from streams.stages.retention import MAX_REST, rest_after
 from streams.stages.retention_rules import (
     Keep,
     Policy,
@@ -220,3 +221,16 @@ def test_a_commit_keeps_its_newest_validation_whenever_it_keeps_any(
         validations_of = [r for r in requests.values() if commit_request_id(r.id) == commit]
         newest = max(validations_of, key=lambda r: request_order(r.id))
         assert newest in stays, (commit, [r.id for r in stays])
+
+
+# --- pacing: a round works its duty cycle of the time -------------------------------------
+
+
+@given(busy=st.floats(0, 100), duty=st.floats(0.01, 1))
+def test_rest_makes_work_the_duty_cycle_of_the_time(busy: float, duty: float) -> None:
+    rest = rest_after(busy, duty)
+    assert 0 <= rest <= MAX_REST
+    if duty == 1 or busy == 0:
+        assert rest == 0
+    elif rest < MAX_REST:
+        assert busy / (busy + rest) == pytest.approx(duty)

@@ -18,9 +18,14 @@ import psycopg
 
 from streams.cli.common import json_option, open_db, queues_option, run_async
 from streams.config.queues import load_queues
-from streams.config.retention import DEFAULT_KEEP_NEWEST, check_older_than
+from streams.config.retention import (
+    DEFAULT_DUTY_CYCLE,
+    DEFAULT_KEEP_NEWEST,
+    check_duty_cycle,
+    check_older_than,
+)
 from streams.schema.durations import format_duration, parse_duration
-from streams.stages.retention import LOCK, TABLES, PruneReport, prune
+from streams.stages.retention import LOCK, TABLES, Pace, PruneReport, prune
 from streams.stages.retention_rules import Policy
 
 
@@ -36,6 +41,16 @@ def _older_than(ctx: click.Context, param: click.Parameter, value: str) -> timed
         raise click.BadParameter(str(exc)) from None
 
 
+def _duty_cycle(ctx: click.Context, param: click.Parameter,
+                value: float | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return check_duty_cycle(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.command("prune")
 @click.option("--older-than", "older_than", required=True, callback=_older_than,
               metavar="DURATION",
@@ -46,30 +61,39 @@ def _older_than(ctx: click.Context, param: click.Parameter, value: str) -> timed
                    f"retention.keep_newest in queues.yaml, else {DEFAULT_KEEP_NEWEST}].")
 @click.option("--max-rows", type=click.IntRange(min=1), default=None,
               help="Stop once this many rows are deleted (run again for the rest).")
+@click.option("--duty-cycle", type=float, default=None, callback=_duty_cycle,
+              metavar="SHARE",
+              help="Share of the time spent deleting, resting the rest between batches so "
+                   "the pipeline keeps its pace; 1: no rest [default: retention.duty_cycle "
+                   f"in queues.yaml, else {DEFAULT_DUTY_CYCLE}].")
 @queues_option
 @json_option
 def prune_command(older_than: timedelta, dry_run: bool, keep_newest: int | None,
-                  max_rows: int | None, queues_file: Path | None, as_json: bool) -> None:
+                  max_rows: int | None, duty_cycle: float | None, queues_file: Path | None,
+                  as_json: bool) -> None:
     """Delete facts, Requests and the rest of the history older than --older-than, in
     small batches, keeping whatever a gate or a person still needs: bookmarks, pins and
     promotion targets, the newest facts of each queue and project, anything not
     terminal, culprit searches, undecided project plans, unsent notifications."""
-    if keep_newest is None:
+    if keep_newest is None or duty_cycle is None:
         config = load_queues(queues_file).retention
-        keep_newest = config.keep_newest if config is not None else DEFAULT_KEEP_NEWEST
-    policy = Policy(older_than, keep_newest)
+        if keep_newest is None:
+            keep_newest = config.keep_newest if config is not None else DEFAULT_KEEP_NEWEST
+        if duty_cycle is None:
+            duty_cycle = config.duty_cycle if config is not None else DEFAULT_DUTY_CYCLE
+    policy, pace = Policy(older_than, keep_newest), Pace(duty_cycle)
 
     async def run() -> PruneReport:
         db = await open_db(pool_size=3)
         try:
             if dry_run:
-                return await prune(db, policy, dry_run=True)
+                return await prune(db, policy, dry_run=True, pace=pace)
             async with db.try_exclusive(LOCK) as mine:
                 if not mine:
                     raise click.ClickException(
                         "a retention round is running (a worker's, or another prune); "
                         "try again when it has ended")
-                return await prune(db, policy, max_rows=max_rows)
+                return await prune(db, policy, max_rows=max_rows, pace=pace)
         except psycopg.errors.UndefinedTable:
             raise click.ClickException(
                 "the database has no Stovepipe schema in its search_path, or an older one: "
@@ -101,7 +125,7 @@ def _lines(report: PruneReport, policy: Policy) -> list[str]:
     if not report.dry_run:
         rate = report.total / report.seconds if report.seconds > 0 else 0.0
         lines.append(f"{report.total:,} rows in {report.seconds:.1f} s ({rate:,.0f} rows/s),"
-                     f" {report.batches:,} batches")
+                     f" {report.batches:,} batches, {report.rested:.1f} s of it resting")
     if report.skipped:
         lines.append(f"{report.skipped} batch(es) met a lock and were left for the next "
                      f"prune.")
@@ -119,5 +143,5 @@ def _json(report: PruneReport, policy: Policy) -> str:
         "total": report.total,
         "kept": {reason.name.lower(): n for reason, n in report.kept.items()},
         "finished": report.finished, "skipped_batches": report.skipped,
-        "seconds": round(report.seconds, 3)}
+        "seconds": round(report.seconds, 3), "rested_seconds": round(report.rested, 3)}
     return json.dumps(body, indent=2, sort_keys=True)

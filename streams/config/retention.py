@@ -6,6 +6,7 @@
       keep_newest: 100   # facts kept per queue and per project, however old
       every: 1h          # a round this often, by one worker at a time
       max_rows: 100000   # rows one round deletes at most; the rest waits for the next
+      duty_cycle: 0.25   # share of a round's time spent deleting; it rests the rest
 
 Off when the section is absent, null or ``off``; ``on`` (or ``{}``) takes every default.
 `stovepipe prune` works either way, and takes ``keep_newest`` from here.
@@ -20,13 +21,16 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, ValidationError
 
 from streams.schema.durations import format_duration
-from streams.schema.fields import Duration, PositiveInt, Problems, Section
+from streams.schema.fields import Duration, PositiveFloat, PositiveInt, Problems, Section
 
 MIN_OLDER_THAN = timedelta(days=1)
 DEFAULT_OLDER_THAN = timedelta(days=180)
 DEFAULT_KEEP_NEWEST = 100
 DEFAULT_EVERY = timedelta(hours=1)
 DEFAULT_MAX_ROWS = 100_000
+# a round deleting without rest stretched ingest → fact p99 by half on 2 cores
+# (bench/prune_bench.py); a quarter of the time leaves it within noise of idle
+DEFAULT_DUTY_CYCLE = 0.25
 
 
 def check_older_than(value: timedelta) -> timedelta:
@@ -42,11 +46,23 @@ def check_older_than(value: timedelta) -> timedelta:
 OlderThan = Annotated[Duration, AfterValidator(check_older_than)]
 
 
+def check_duty_cycle(value: float) -> float:
+    """A share of time: above 0 (a round that never works never ends), at most 1."""
+    if not 0 < value <= 1:
+        raise ValueError(f"must be a share of time above 0 and at most 1 (e.g. 0.25), "
+                         f"got {value!r}")
+    return value
+
+
+DutyCycle = Annotated[PositiveFloat, AfterValidator(check_duty_cycle)]
+
+
 class RetentionFields(Section):
     older_than: OlderThan = DEFAULT_OLDER_THAN
     keep_newest: PositiveInt = DEFAULT_KEEP_NEWEST
     every: Duration = DEFAULT_EVERY
     max_rows: PositiveInt = DEFAULT_MAX_ROWS
+    duty_cycle: DutyCycle = DEFAULT_DUTY_CYCLE
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,7 @@ class RetentionConfig:
     keep_newest: int = DEFAULT_KEEP_NEWEST
     every: timedelta = DEFAULT_EVERY
     max_rows: int = DEFAULT_MAX_ROWS
+    duty_cycle: float = DEFAULT_DUTY_CYCLE
 
 
 def load_retention(raw: Any, problems: Problems) -> RetentionConfig | None:
@@ -70,4 +87,5 @@ def load_retention(raw: Any, problems: Problems) -> RetentionConfig | None:
         problems.add_validation_error(exc, RetentionFields, "retention")
         return None
     return RetentionConfig(older_than=fields.older_than, keep_newest=fields.keep_newest,
-                           every=fields.every, max_rows=fields.max_rows)
+                           every=fields.every, max_rows=fields.max_rows,
+                           duty_cycle=fields.duty_cycle)

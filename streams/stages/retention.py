@@ -15,8 +15,11 @@ batches of at most `BATCH` rows, each its own short transaction (store.retention
    webhooks' own week), commit descriptions nothing names.
 
 Pacing: one batch (about `BATCH` rows) at a time on the worker's (or the command's) pool,
-and between two batches the round yields to the event loop — no sleep: the stages share
-the pool and the loop and keep their turns. A round stops once it deleted ``max_rows``
+and after each batch the round rests in proportion to the time it was busy, so that it
+works `Pace.duty_cycle` of its time (`retention.duty_cycle`, `--duty-cycle`): the stages
+share the database, the pool and (in a worker) the event loop with it, and a round that
+never rested took a third of a small deployment's CPU and stretched ingest → fact p99 by
+half (bench/prune_bench.py, docs/benchmarks.md). A round stops once it deleted ``max_rows``
 rows (its last batches shrink to fit, give or take a Request's rows); the rest waits for
 the next round. A batch that meets a lock (or a pin being taken) is skipped, never
 waited for, and found again by the next round.
@@ -31,7 +34,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -58,6 +61,25 @@ REQUEST_TABLES = ("request", "validation_fact", "project_answer", "request_plan"
 TABLES = (*REQUEST_TABLES, "culprit_search", "greenness_change", *WALKED_TABLES)
 
 
+# a batch that seemed long because the process was suspended must not rest for hours
+MAX_REST = 60.0
+
+
+def rest_after(busy: float, duty_cycle: float) -> float:
+    """Seconds to rest after ``busy`` seconds of work so that work is ``duty_cycle`` of the
+    time (1: never rest)."""
+    if duty_cycle >= 1 or busy <= 0:
+        return 0.0
+    return min(MAX_REST, busy * (1 / duty_cycle - 1))
+
+
+@dataclass(frozen=True)
+class Pace:
+    duty_cycle: float = 1.0  # share of the round's time spent in batches, in (0, 1]
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+
 @dataclass
 class PruneReport:
     cutoff: datetime
@@ -68,6 +90,7 @@ class PruneReport:
     batches: int = 0
     finished: bool = True  # False: stopped at max_rows, more is past retention
     seconds: float = 0.0
+    rested: float = 0.0  # of `seconds`, resting between batches (`Pace`)
 
     @property
     def total(self) -> int:
@@ -76,23 +99,27 @@ class PruneReport:
 
 async def prune(db: Database, policy: Policy, *, dry_run: bool = False,
                 max_rows: int | None = None, batch: int = BATCH,
-                cutoff: datetime | None = None) -> PruneReport:
+                cutoff: datetime | None = None, pace: Pace = Pace()) -> PruneReport:
     """One round: delete (or with ``dry_run`` count) what is older than ``cutoff``
-    (default: the database's now - ``policy.older_than``) and kept by nothing."""
-    started = time.monotonic()
+    (default: the database's now - ``policy.older_than``) and kept by nothing, at
+    ``pace``."""
+    started = pace.clock()
     now = await db.retention.now()
     round_ = _Round(db.retention, policy, cutoff or now - policy.older_than, now,
-                    dry_run=dry_run, max_rows=None if dry_run else max_rows, batch=batch)
+                    dry_run=dry_run, max_rows=None if dry_run else max_rows, batch=batch,
+                    pace=pace)
     await round_.run()
-    round_.report.seconds = time.monotonic() - started
+    round_.report.seconds = pace.clock() - started
     return round_.report
 
 
 class _Round:
     def __init__(self, store: RetentionStore, policy: Policy, cutoff: datetime,
-                 now: datetime, *, dry_run: bool, max_rows: int | None, batch: int) -> None:
+                 now: datetime, *, dry_run: bool, max_rows: int | None, batch: int,
+                 pace: Pace) -> None:
         self.store, self.policy, self.cutoff, self.now = store, policy, cutoff, now
-        self.dry_run, self.max_rows, self.batch = dry_run, max_rows, batch
+        self.dry_run, self.max_rows, self.batch, self.pace = dry_run, max_rows, batch, pace
+        self.busy_since = pace.clock()
         self.report = PruneReport(cutoff=cutoff, dry_run=dry_run)
         # a dry run deletes nothing, so the answers of the queue's Requests it would
         # delete still name their sources: those Requests are remembered per family
@@ -112,21 +139,17 @@ class _Round:
         return max(1, min(self.batch, self.max_rows - self.report.total))
 
     async def _counted(self, counts: Mapping[str, int] | None) -> None:
-        """A batch done (None: skipped); then the stages' turn."""
+        """A batch done (None: skipped); then the stages' turn: a rest in proportion to
+        the work since the last one (a dry run's reads count as work too)."""
         self.report.batches += 1
         if counts is None:
             self.report.skipped += 1
         else:
             self.report.deleted.update(counts)
-        import os
-        duty = float(os.environ.get("XDUTY", "1"))
-        now = time.monotonic()
-        spent = now - getattr(self, "_mark", now)
-        if duty < 1 and not self.dry_run:
-            await asyncio.sleep(spent * (1 / duty - 1))
-        else:
-            await asyncio.sleep(0)
-        self._mark = time.monotonic()
+        rest = rest_after(self.pace.clock() - self.busy_since, self.pace.duty_cycle)
+        await self.pace.sleep(rest)
+        self.report.rested += rest
+        self.busy_since = self.pace.clock()
 
     async def run(self) -> None:
         families = await self.store.families()
@@ -254,17 +277,19 @@ async def apply_retention(deps: Deps, publish: Publisher) -> None:
     async with deps.db.try_exclusive(LOCK) as mine:
         if mine and await store.claim_round(config.every.total_seconds()) is not None:
             policy = Policy(config.older_than, config.keep_newest)
-            report = await prune(deps.db, policy, max_rows=config.max_rows)
+            pace = Pace(config.duty_cycle)
+            report = await prune(deps.db, policy, max_rows=config.max_rows, pace=pace)
             left: Counter[str] = Counter()
             if not report.finished:
-                left = (await prune(deps.db, policy, dry_run=True,
-                                    cutoff=report.cutoff)).deleted
+                left = (await prune(deps.db, policy, dry_run=True, cutoff=report.cutoff,
+                                    pace=pace)).deleted
             await store.finish_round(report.cutoff, _by_table(report.deleted),
                                      _by_table(left))
             for table, count in report.deleted.items():
                 metrics.PRUNED_ROWS.labels(table=table).inc(count)
-            log.info("retention_round deleted=%d left=%d skipped=%d seconds=%.1f cutoff=%s",
-                     report.total, sum(left.values()), report.skipped, report.seconds,
+            log.info("retention_round deleted=%d left=%d skipped=%d seconds=%.1f "
+                     "rested=%.1f cutoff=%s", report.total, sum(left.values()),
+                     report.skipped, report.seconds, report.rested,
                      report.cutoff.isoformat(timespec="seconds"))
     await refresh_gauges(store)
 
