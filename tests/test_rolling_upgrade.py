@@ -12,20 +12,15 @@ Request ends as its head says), and every queue's newest head is validated.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tarfile
 import threading
-from collections.abc import Iterator
 from io import BytesIO
 from pathlib import Path
 
-import psycopg
 import pytest
 import yaml
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from streams.config.settings import REPO_ROOT
 from tests.pipeline_support import Pipeline
@@ -49,19 +44,6 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
         tar.extractall(tree, filter="data")
     return tree
-
-
-@pytest.fixture
-def old_schema(postgres_dsn: str) -> Iterator[str]:
-    """A schema the previous release migrated (its migrations only)."""
-    schema = f"u_{os.urandom(5).hex()}"
-    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    try:
-        yield make_conninfo(postgres_dsn, options=f"-c search_path={schema}")
-    finally:
-        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 def _old_cli(tree: Path, env: dict[str, str], *args: str) -> None:
@@ -128,9 +110,9 @@ class _Traffic:
 
 
 def test_a_rolling_upgrade_from_the_previous_release_under_traffic(
-        previous_release: Path, old_schema: str, kafka_bootstrap: str,
+        previous_release: Path, schema_dsn: str, kafka_bootstrap: str,
         topic_prefix: str, tmp_path: Path) -> None:
-    pipeline = Pipeline(bootstrap=kafka_bootstrap, dsn=old_schema, prefix=topic_prefix,
+    pipeline = Pipeline(bootstrap=kafka_bootstrap, dsn=schema_dsn, prefix=topic_prefix,
                         root=tmp_path)
     try:
         env = pipeline.env
