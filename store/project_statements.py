@@ -38,6 +38,21 @@ SELECT s.project, f.uri, f.request_id, f.degree
        ORDER BY request_rank(request_id) DESC LIMIT 1) AS f
 """)
 
+# the newest Request before this one whose projects were planned, with the source of each
+# project's answer there (none yet for a project still building): walked backwards on
+# request_rank_idx, usually one step
+PREVIOUS_PLAN = _sql("""
+WITH prev AS (
+    SELECT r.id, r.uri FROM request r
+     WHERE r.queue = %(queue)s AND request_rank(r.id) < request_rank(%(request_id)s)
+       AND EXISTS (SELECT 1 FROM request_plan p
+                    WHERE p.queue = r.queue AND p.request_id = r.id)
+     ORDER BY request_rank(r.id) DESC LIMIT 1
+)
+SELECT prev.id AS request_id, prev.uri, a.project, a.source_request_id
+  FROM prev LEFT JOIN project_answer a ON a.queue = %(queue)s AND a.request_id = prev.id
+""")
+
 PLAN = _sql("""
 WITH parent AS (
     SELECT id, uri, trace_id FROM request

@@ -9,7 +9,14 @@ from datetime import datetime
 
 from store._base import Row, Store
 from store.entities import Request, project_of
-from store.project_statements import ANSWER_COLUMNS, ANSWER_FROM_FACT, BASES, COMPLETE, PLAN
+from store.project_statements import (
+    ANSWER_COLUMNS,
+    ANSWER_FROM_FACT,
+    BASES,
+    COMPLETE,
+    PLAN,
+    PREVIOUS_PLAN,
+)
 from store.requests import _request
 from store.statements import REQUEST_KEYS
 
@@ -100,6 +107,17 @@ class Child:
 
 
 @dataclass(frozen=True)
+class PreviousPlan:
+    """The newest earlier planned Request of a queue: its head, and where each project's
+    answer at it came from (its Request in the project's scope: the base it inherited, or
+    its own build there); a project still building has none."""
+
+    request_id: str
+    uri: str
+    sources: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class UnaffectedStatus:
     """An unaffected project's final commit status at a head: to ``channel`` of its
     scope, in ``stream`` (the id its Request would have had at that head, so its key
@@ -136,6 +154,17 @@ class ProjectStore(Store):
                                      key={"queue": queue})
         return {row["project"]: ProjectBase(row["uri"], row["request_id"], row["degree"])
                 for row in rows}
+
+    async def previous_plan(self, queue: str, request_id: str) -> PreviousPlan | None:
+        """The newest Request sorting before ``request_id`` that has a plan (None: none)."""
+        rows = await self._fetch_all(PREVIOUS_PLAN, {"queue": queue,
+                                                     "request_id": request_id},
+                                     key={"queue": queue})
+        if not rows:
+            return None
+        return PreviousPlan(rows[0]["request_id"], rows[0]["uri"],
+                            {row["project"]: row["source_request_id"] for row in rows
+                             if row["project"] is not None})
 
     async def plan_of(self, queue: str, request_id: str) -> RequestPlan | None:
         row = await self._fetch_one(

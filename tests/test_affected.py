@@ -138,3 +138,49 @@ def test_every_project_is_either_affected_or_inherits_and_only_untouched_ones_in
     for project, base in plan.inherited.items():
         assert base is bases[project] is not None
         assert not any(RULES[project].matches(p) for p in changed)
+
+
+# --- deciding by the previous planned head (one diff a head) ------------------------------
+
+CHAIN_PATHS = ("services/api/a.py", "web/a.js", "docs/a.md", "libs/common/util.py")
+
+
+@given(history=st.lists(st.dictionaries(st.sampled_from(CHAIN_PATHS), st.integers(0, 2),
+                                        max_size=3), min_size=2, max_size=12),
+       building=st.lists(st.sets(st.sampled_from(sorted(RULES))), min_size=12, max_size=12))
+def test_the_diff_from_the_previous_head_never_inherits_what_each_base_would_build(
+        history: list[dict[str, int]], building: list[set[str]]) -> None:
+    """A chain of heads on a linear history whose commits set files to small values (so a
+    later commit may revert an earlier one): planning the projects whose answer at the
+    previous head came from their base by that head's one diff builds every project that
+    diffing from each base builds — and exactly those when nothing was reverted. A project
+    in ``building`` at a head has no answer there yet (its build runs on)."""
+    trees: list[dict[str, int]] = []
+    for change in history:
+        trees.append({**(trees[-1] if trees else dict.fromkeys(CHAIN_PATHS, 0)), **change})
+
+    def diff(i: int, j: int) -> Changes:
+        return Changes(frozenset(p for p in CHAIN_PATHS if trees[i][p] != trees[j][p]))
+
+    def union(i: int, j: int) -> frozenset[str]:
+        return frozenset(p for change in history[i + 1:j + 1] for p, v in change.items())
+
+    built: dict[str, int] = {}  # project -> the head of its newest fact
+    sources: dict[str, int] = {}  # at the previous head: project -> its answer's source
+    for head in range(len(trees)):
+        bases = {p: (Base(f"u{built[p]}", f"r{built[p]}", 0.0) if p in built else None)
+                 for p in RULES}
+        changes = {f"u{i}": diff(i, head) for i in set(built.values())}
+        each = plan_projects(RULES, bases, changes)
+        via = {p: f"u{head - 1}" for p in built if sources.get(p) == built[p]}
+        if head:
+            changes[f"u{head - 1}"] = diff(head - 1, head)
+        previous = plan_projects(RULES, bases, changes, diffed_from=via)
+        assert set(each.affected) <= set(previous.affected)
+        if all(diff(i, head).paths == union(i, head) for i in set(built.values())):
+            assert previous == each
+        sources = {p: built[p] for p in previous.inherited}
+        for project in previous.affected:
+            if project not in building[head]:
+                built[project] = head
+                sources[project] = head

@@ -4,12 +4,15 @@ otherwise; the whole repository is red only for a blocking project's red."""
 
 from __future__ import annotations
 
+import re
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.monorepo_support import QUEUE, Monorepo, add_projects_queue, answers, git
 from tests.pipeline_support import Pipeline
+from tests.stack_support import free_ports
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.slow]
 
@@ -251,3 +254,46 @@ def test_a_backstop_builds_every_project_and_reports_a_red_the_rules_missed(
     assert reason.startswith("backstop: every project is validated every 3600s")
     assert answers(pipeline, r3)["api"] == (1.0, False)
     assert "backstop_red_where_unaffected project=api" in pipeline.full_logs()
+
+
+def _diffs(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found = re.search(r'^stovepipe_affected_diffs_total\{queue="mono/main"\} (\S+)$', text,
+                      re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_chain_of_heads_costs_one_diff_each_however_spread_the_bases(
+        pipeline: Pipeline, tmp_path: Path) -> None:
+    """Each head touches another project, so the projects' bases spread over the chain
+    (api's at c0, web's at c1, docs' at c2); each head is still planned by one diff, from
+    the previous head — and every answer is the one a diff from each base gives."""
+    repo = Monorepo(tmp_path)
+    add_projects_queue(pipeline, repo)
+    repo.commit("c0", {**repo.outcome("api", "green"), **repo.outcome("web", "green"),
+                       **repo.outcome("docs", "green")})
+    [port] = free_ports(1)
+    pipeline.start_worker(web_port=port)
+    r0 = pipeline.ingest(QUEUE)
+    assert _settle(pipeline, r0) == "succeeded"
+    assert _diffs(port) == 0  # no base yet: nothing to diff
+
+    heads = {}
+    for name, files in (("c1", {"web/w.txt": "1\n"}), ("c2", {"docs/d.md": "1\n"}),
+                        ("c3", {"services/api/a.txt": "1\n"}),
+                        ("c4", {"libs/common/lib.txt": "1\n"})):
+        repo.commit(name, files)
+        heads[name] = pipeline.ingest(QUEUE)
+        assert _settle(pipeline, heads[name]) == "succeeded"
+    assert _diffs(port) == 4
+    assert {name: repo.built(name) for name in heads} == {
+        "c1": {"web"}, "c2": {"docs"}, "c3": {"api"}, "c4": {"api", "web"}}
+    sources = dict(pipeline.query(
+        "SELECT project, source_uri FROM project_answer WHERE queue = %s AND request_id = %s",
+        QUEUE, heads["c3"]))
+    # what each inherits is its own base, not the head it was diffed from
+    assert sources == {"api": repo.uri("c3"), "web": repo.uri("c1"), "docs": repo.uri("c2")}
+    assert answers(pipeline, heads["c4"]) == {"api": (0.0, False), "web": (0.0, False),
+                                              "docs": (0.0, True)}
+    assert pipeline.invariant_violations(strict_bookmark=True) == []

@@ -107,6 +107,12 @@ PROJECTS_PLANNED = Counter(
     "answer).",
     ["queue", "how"],
 )
+AFFECTED_DIFFS = Counter(
+    "stovepipe_affected_diffs_total",
+    "Diffs the analyze stage asked the source control for: one per distinct base of a "
+    "head's projects (their nearest validated ancestors), not one per project or commit.",
+    ["queue"],
+)
 BACKSTOP_MISSES = Counter(
     "stovepipe_backstop_misses_total",
     "Projects a backstop found red although the path rules (or the affected command) said "

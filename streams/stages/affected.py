@@ -143,14 +143,27 @@ class Plan:
 def plan_projects(rules: Mapping[str, PathRules], bases: Mapping[str, Base | None],
                   changes: Mapping[str, Changes], *,
                   named: Mapping[str, frozenset[str]] | None = None,
-                  everything: str = "") -> Plan:
+                  everything: str = "",
+                  diffed_from: Mapping[str, str] | None = None) -> Plan:
     """The plan of a head: ``rules`` by project; ``bases`` by project (None: no verdict
-    yet); ``changes`` by base URI (every base given must have its changes); ``named`` by
-    base URI, when an ``affected`` command names the projects instead of the path rules;
-    ``everything`` a reason that makes every project affected (a backstop, a history
-    rewrite found before any diff)."""
+    yet); ``changes`` by the URI they were diffed from (every one used must be there);
+    ``named`` likewise, when an ``affected`` command names the projects instead of the
+    path rules; ``everything`` a reason that makes every project affected (a backstop, a
+    history rewrite found before any diff); ``diffed_from`` by project, the URI whose
+    changes decide it when not its base's.
+
+    That is sound for a project whose answer at an earlier head H' already came from its
+    base B (inherited from B, or built at H' = B), H' an ancestor of the head H: no file
+    of it differs between B and H', so one that differs between B and H differs between
+    H' and H — and H'..H is one diff for every such project (`streams.stages.analyze`)."""
+    via = dict(diffed_from or {})
+
+    def source(project: str, base: Base) -> str:
+        return via.get(project, base.uri)
+
+    used = {source(p, b) for p, b in bases.items() if b is not None}
     problems = sorted({c.problem for uri, c in changes.items() if c.paths is None
-                       and any(b is not None and b.uri == uri for b in bases.values())})
+                       and uri in used})
     if not everything and problems:
         everything = problems[0]
     if everything:
@@ -163,10 +176,10 @@ def plan_projects(rules: Mapping[str, PathRules], bases: Mapping[str, Base | Non
             affected[project] = "no verdict yet"
             continue
         if named is not None:
-            touched = project in named[base.uri]
+            touched = project in named[source(project, base)]
             why = "named by the affected command"
         else:
-            paths = changes[base.uri].paths
+            paths = changes[source(project, base)].paths
             assert paths is not None
             touched = project_rules.touched_by(paths)
             why = "its files changed"

@@ -7,10 +7,13 @@ it over: keyed by request id, never the queue's single writer — git and the ``
 command run without holding it, or any database connection):
 
 1. **Plan, once.** Each project's *base* is its nearest validated ancestor: the newest
-   fact of its scope that sorts before the Request. For each distinct base, the
-   repository says whether it is an ancestor of the head and which paths changed (one
-   diff per base, however many commits lie between), or the ``affected`` command names
-   the projects. `streams.stages.affected.plan_projects` decides: affected projects get a
+   fact of its scope that sorts before the Request. The repository says whether a base
+   is an ancestor of the head and which paths changed (one diff however many commits
+   lie between), or the ``affected`` command names the projects. A project whose answer
+   at the previous planned head came from its base (inherited it, or was built there) is
+   decided by the one diff from that head; the others by one diff per distinct base. In
+   a chain of heads that is one diff a head, however many projects and bases there are.
+   `streams.stages.affected.plan_projects` decides: affected projects get a
    Request of their scope (numbered as this one, admitted at once, taking the scope's
    slot), unaffected ones their inherited answer. One statement writes it all; a
    redelivery finds the plan and writes nothing.
@@ -114,13 +117,29 @@ async def _compute(deps: Deps, request: Request, config: QueueConfig) -> _Planne
     """Each project's base, the changes from each base to the head, and the plan."""
     projects = list(config.projects)
     bases = await deps.db.projects.bases(request.queue, projects, request.id)
+    previous = await deps.db.projects.previous_plan(request.queue, request.id)
     source_control = deps.extensions.source_control(request.queue)
+    limit = config.affected.max_changed_paths
     changes: dict[str, Changes] = {}
+    diffed_from: dict[str, str] = {}
+    diffs = 0
+    if previous is not None:
+        # the projects whose answer at the previous planned head came from their base: one
+        # diff from that head decides them all (`plan_projects` says why that is sound)
+        via = [p for p, b in bases.items() if previous.sources.get(p) == b.request_id]
+        if via:
+            since, diffs = await _changes(source_control, previous.uri, request.uri,
+                                          limit), 1
+            if since.paths is not None:  # else (rewritten away, too large): their bases
+                changes[previous.uri] = since
+                diffed_from = dict.fromkeys(via, previous.uri)
+    for uri in sorted({b.uri for p, b in bases.items() if p not in diffed_from}
+                      - set(changes)):
+        changes[uri] = await _changes(source_control, uri, request.uri, limit)
+        diffs += 1
+    metrics.AFFECTED_DIFFS.labels(queue=request.queue).inc(diffs)
     named: dict[str, frozenset[str]] | None = None
     everything = ""
-    for uri in sorted({base.uri for base in bases.values()}):
-        changes[uri] = await _changes(source_control, uri, request.uri,
-                                      config.affected.max_changed_paths)
     if config.affected.command and not any(c.paths is None for c in changes.values()):
         named = {}
         for uri, change in changes.items():
@@ -134,7 +153,7 @@ async def _compute(deps: Deps, request: Request, config: QueueConfig) -> _Planne
         {p: PathRules(spec.paths) for p, spec in config.projects.items()},
         {p: (Base(b.uri, b.request_id, b.degree) if (b := bases.get(p)) else None)
          for p in projects},
-        changes, named=named, everything=everything)
+        changes, named=named, everything=everything, diffed_from=diffed_from)
     if config.backstop is not None and await _backstop_due(deps, request.queue, config):
         # every project regardless — remembering which the rules would have left alone
         why = f"backstop: every project is validated every {seconds(config.backstop):.0f}s"
