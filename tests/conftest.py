@@ -221,11 +221,33 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             session.config.workeroutput["leftovers"] = found
     if _LEFTOVERS.found:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _write_module_seconds(session.config)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: object, error: object) -> None:
     _LEFTOVERS.found.extend(getattr(node, "workeroutput", {}).get("leftovers", []))
+
+
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each module's time, setup and teardown included (in a parallel run the controller
+    sees every worker's reports): written by `pytest_sessionfinish` for rebalancing
+    `LONGEST_MODULES`."""
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def _write_module_seconds(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or not _MODULE_SECONDS:
+        return
+    out = Path(config.rootpath) / "test-artifacts" / "module-seconds.txt"
+    with contextlib.suppress(OSError):
+        out.parent.mkdir(exist_ok=True)
+        out.write_text("".join(f"{seconds:8.1f}  {module}\n" for module, seconds in
+                               sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

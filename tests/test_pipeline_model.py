@@ -203,14 +203,19 @@ class Model:
             # only a head whose Request was superseded (never built) gets a new Request,
             # and only a newer one: the branch came back to it and it must be validated;
             # and a head whose Request could not validate it (failed without a verdict)
-            # is validated again, where it was first ingested (design §4)
+            # is validated again, where it was first ingested — or, when a newer head was
+            # ingested since (the branch came back to it), as the newest head (design §4)
             old = await self.deps.db.requests.get_by_id(known)
+            newest = max(request_seq(rid) for rid in queue.ids_by_uri.values())
             if old.state is RequestState.SUPERSEDED:
                 assert request_seq(request_id) > request_seq(known)
             else:
                 assert old.unvalidated, (
                     f"head {head} was {known} ({old.state}), now {request_id}")
-                assert request_seq(request_id) == request_seq(known)
+                if newest > request_seq(known):
+                    assert request_seq(request_id) > newest
+                else:
+                    assert request_seq(request_id) == request_seq(known)
                 assert request_order(request_id) > request_order(known)
             queue.ids_by_uri[head] = request_id
 
