@@ -71,7 +71,7 @@ import time
 import urllib.request
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -333,6 +333,12 @@ class Deployment:
 # --- the driver: in-process ingest and a watcher of terminal states and facts ---------------
 
 
+def _keys(request_ids: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(queues, ids) of Request ids `request/<queue>/<n>`."""
+    ids = list(request_ids)
+    return [rid.removeprefix("request/").rsplit("/", 1)[0] for rid in ids], ids
+
+
 class Watcher:
     """Resolves futures when Requests become terminal or get their fact (one poller)."""
 
@@ -345,16 +351,20 @@ class Watcher:
         pipeline_worker.STAGE.set("watcher")  # this task's statements are not ingest's
         async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
             while True:
+                # by primary key (queue first): a scan of a large history on every poll
+                # would load the machine that is measured
                 if self.terminal:
                     cur = await conn.execute(
-                        "SELECT id FROM request WHERE id = ANY(%s) AND state = ANY(%s)",
-                        (list(self.terminal), TERMINAL))
+                        "SELECT r.id FROM unnest(%s::text[], %s::text[]) AS k(queue, id)"
+                        " JOIN request r ON r.queue = k.queue AND r.id = k.id"
+                        " WHERE r.state = ANY(%s)", (*_keys(self.terminal), TERMINAL))
                     for (rid,) in await cur.fetchall():
                         self._resolve(self.terminal, rid)
                 if self.facts:
                     cur = await conn.execute(
-                        "SELECT request_id FROM validation_fact WHERE request_id = ANY(%s)",
-                        (list(self.facts),))
+                        "SELECT f.request_id FROM unnest(%s::text[], %s::text[]) AS k(queue, id)"
+                        " JOIN validation_fact f ON f.queue = k.queue AND f.request_id = k.id"
+                        " AND f.project = ''", _keys(self.facts))
                     for (rid,) in await cur.fetchall():
                         self._resolve(self.facts, rid)
                 await asyncio.sleep(self.interval)
@@ -892,6 +902,17 @@ def report_variant(args: argparse.Namespace, dep: Deployment, idle: Phase, tp: P
         report_profile(cprofile_out, "cprofile")
     return {"rate": rate, "facts": len(facts), "lat_p50": lat_sum["total"],
             "lat_p99": lat_sum["p99"], "tp_p50": tp_sum["total"]}
+
+
+def one_worker_deployment(delay: str, name: str) -> Deployment:
+    """A deployment of one plain `stovepipe worker` (logging warnings), its queues' gate
+    and poll delays ``delay``, in a temporary directory named after the benchmark."""
+    bootstrap, admin_dsn = endpoints()
+    ns = parse_args([])
+    ns.delay, ns.loglevel, ns.plain_worker, ns.experiments = delay, "warn", True, ""
+    ns.workers, ns.hosted_latency = 1, False
+    root = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    return Deployment(ns, bootstrap, admin_dsn, Variant("shipped", None), root)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -4,6 +4,7 @@ with an idle database against the same latency while a retention round deletes a
 
     .venv/bin/python bench/prune_bench.py [--rows 1000000] [--queues 4] [--runs 3]
         [--idle-requests 150] [--prune-by worker|cli] [--delay 50ms] [--duty-cycle 0.25]
+        [--interval 0]
 
 Per run, a deployment of its own (bench/pipeline_bench.py's: topics, schema, queues on the
 fake source control and build runner with instant builds, one real `stovepipe worker`):
@@ -16,8 +17,9 @@ fake source control and build runner with instant builds, one real `stovepipe wo
    duty_cycle: <--duty-cycle>}` (default: the shipped default) and the
    newest round is recorded as just started, so no round is due yet;
 2. idle: one chain of Requests per queue (push a head, ingest it in-process as
-   `stovepipe ingest` does, wait for its fact, next), ``--idle-requests`` each; the
-   latency is ingest start → the fact's created_at;
+   `stovepipe ingest` does, wait for its fact, next — at once, the machine saturated, or
+   ``--interval`` seconds after the last push), ``--idle-requests`` each; the latency is
+   ingest start → the fact's created_at;
 3. pruning: the round made due (``--prune-by worker``: the worker's own retention round,
    in the worker process, which starts it on its next sweep tick; ``cli``: `stovepipe
    prune --older-than 180d` in a process of its own), the same chains running until the
@@ -39,7 +41,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -51,7 +52,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streams.config.retention import DEFAULT_DUTY_CYCLE
+from streams.config.retention import DEFAULT_BATCH_ROWS, DEFAULT_DUTY_CYCLE
 from tests.retention_support import ROWS_PER_REQUEST, old_history
 
 AGE = timedelta(days=200)
@@ -72,15 +73,6 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (position - low) * (ordered[high] - ordered[low])
 
 
-def deployment(args: argparse.Namespace) -> pb.Deployment:
-    bootstrap, admin_dsn = pb.endpoints()
-    ns = pb.parse_args([])
-    ns.delay, ns.loglevel, ns.plain_worker, ns.experiments = args.delay, "warn", True, ""
-    ns.workers, ns.hosted_latency = 1, False
-    root = Path(tempfile.mkdtemp(prefix="prune-bench-"))
-    return pb.Deployment(ns, bootstrap, admin_dsn, pb.Variant("shipped", None), root)
-
-
 def write_old_history(dep: pb.Deployment, queues: list[str], rows: int) -> int:
     per_queue = max(1, round(rows / ROWS_PER_REQUEST / len(queues)))
     written = 0
@@ -97,18 +89,21 @@ def write_old_history(dep: pb.Deployment, queues: list[str], rows: int) -> int:
     return written
 
 
-async def chains(drv: pb.Driver, queues: list[str], *, each: int | None = None,
-                 until: asyncio.Event | None = None) -> list[str]:
-    """One chain of Requests per queue: ``each`` of them, or until ``until`` is set."""
+async def chains(drv: pb.Driver, queues: list[str], *, interval: float,
+                 each: int | None = None, until: asyncio.Event | None = None) -> list[str]:
+    """One chain of Requests per queue: ``each`` of them, or until ``until`` is set; a
+    head at most every ``interval`` seconds (0: the next as soon as the fact is there)."""
     ids: list[str] = []
 
     async def chain(queue: str) -> None:
         n = 0
         while (each is None or n < each) and not (until is not None and until.is_set()):
+            pushed = time.monotonic()
             rid = await drv.push_and_ingest(queue, f"h{next(HEADS)}")
             ids.append(rid)
             await drv.watcher.wait("fact", rid)
             n += 1
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - pushed)))
 
     await asyncio.gather(*(chain(q) for q in queues))
     return ids
@@ -136,14 +131,16 @@ async def drive(args: argparse.Namespace, dep: pb.Deployment,
                 queues: list[str]) -> dict[str, float]:
     async with pb.Driver(dep) as drv:
         for queue in queues:  # warm-up: the first head of each queue is built in full
-            await chains(drv, [queue], each=3)
-        idle_ids = await chains(drv, queues, each=args.idle_requests)
+            await chains(drv, [queue], each=3, interval=0)
+        idle_ids = await chains(drv, queues, each=args.idle_requests,
+                                interval=args.interval)
         idle = latencies(dep, drv.ingest_started, idle_ids)
         log(f"idle: {len(idle)} Requests, p50 {percentile(idle, .5) * 1000:.0f} ms, "
             f"p99 {percentile(idle, .99) * 1000:.0f} ms")
 
         done = asyncio.Event()
-        running = asyncio.create_task(chains(drv, queues, until=done))
+        running = asyncio.create_task(chains(drv, queues, until=done,
+                                             interval=args.interval))
         prune_process = None
         triggered = time.time()
         if args.prune_by == "worker":
@@ -153,7 +150,8 @@ async def drive(args: argparse.Namespace, dep: pb.Deployment,
         else:
             prune_process = subprocess.Popen(  # noqa: ASYNC220 (a process that outlives this call)
                 [str(Path(sys.executable).parent / "stovepipe"), "prune", "--older-than",
-                 "180d", "--duty-cycle", str(args.duty_cycle)],
+                 "180d", "--duty-cycle", str(args.duty_cycle), "--batch-rows",
+                 str(args.batch_rows)],
                 env={**dep.env, "STOVEPIPE_QUEUES_FILE": str(dep.queues_file)},
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         while True:
@@ -194,7 +192,7 @@ async def drive(args: argparse.Namespace, dep: pb.Deployment,
 
 
 def run(args: argparse.Namespace) -> dict[str, float]:
-    dep = deployment(args)
+    dep = pb.one_worker_deployment(args.delay, "prune-bench")
     load = os.getloadavg()[0]
     try:
         dep.setup()
@@ -204,7 +202,8 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             "queues": dep.queues,
             "retention": {"older_than": "180d", "every": "1h",
                           "max_rows": max(1, args.rows * 2),
-                          "duty_cycle": args.duty_cycle}}))
+                          "duty_cycle": args.duty_cycle,
+                          "batch_rows": args.batch_rows}}))
         write_old_history(dep, queues, args.rows)
         dep.start_worker(None)
         dep.wait_metrics()
@@ -229,12 +228,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prune-by", choices=["worker", "cli"], default="worker")
     p.add_argument("--delay", default="50ms", help="gate and poll delays of every queue")
     p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--batch-rows", type=int, default=DEFAULT_BATCH_ROWS,
+                   help="rows a batch of the round deletes")
+    p.add_argument("--interval", type=float, default=0.0,
+                   help="seconds between a chain's heads at least (0: closed loop, the next "
+                        "head as soon as the fact is there: the machine saturated)")
     p.add_argument("--duty-cycle", type=float, default=DEFAULT_DUTY_CYCLE,
                    help="the round's share of time spent deleting (1: never rests)")
     args = p.parse_args(argv)
     one, five, _ = os.getloadavg()
     log(f"{os.cpu_count()} cores, load average {one:.2f} / {five:.2f}; pruning by "
-        f"{args.prune_by}, duty cycle {args.duty_cycle}")
+        f"{args.prune_by}, duty cycle {args.duty_cycle}, batches of {args.batch_rows} rows, "
+        f"a head per chain every "
+        f"{args.interval:g} s at most")
     results = []
     for n in range(args.runs):
         log(f"run {n + 1} of {args.runs}")

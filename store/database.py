@@ -173,12 +173,24 @@ class Database(Stores):
         await self.close()
 
     @asynccontextmanager
-    async def try_exclusive(self, name: str) -> AsyncIterator[bool]:
+    async def try_exclusive(self, name: str, *, dedicated: bool = False
+                            ) -> AsyncIterator[bool]:
         """Hold the lock ``name`` for the block if nobody else holds it; yields whether it
         was taken. One holder at a time across every process using this schema: a
         transaction-level advisory lock on a connection of its own, released when the
-        block ends or the connection dies (a crashed holder never keeps it)."""
-        async with self.pool.connection() as conn, conn.transaction():
+        block ends or the connection dies (a crashed holder never keeps it). The
+        connection is a pooled one, or with ``dedicated`` one opened for the block: a
+        holder that keeps the lock for minutes (a retention round) must not keep one of
+        the stages' connections that long."""
+        async with contextlib.AsyncExitStack() as stack:
+            if dedicated:
+                conninfo, kwargs = self.pool.conninfo, self.pool.kwargs
+                assert isinstance(conninfo, str) and isinstance(kwargs, dict)  # as `open` set
+                conn = await stack.enter_async_context(await AsyncConnection.connect(
+                    conninfo, **kwargs))
+            else:
+                conn = await stack.enter_async_context(self.pool.connection())
+            await stack.enter_async_context(conn.transaction())
             cursor = await conn.execute(
                 "SELECT pg_try_advisory_xact_lock(%s, hashtext(current_schema() || '/' || %s))",
                 (_SINGLETON_LOCK_NAMESPACE, name))

@@ -796,8 +796,8 @@ def test_backfill_mistakes_are_named(tmp_path: Path) -> None:
     (None, None),  # off unless asked for
     (False, None),  # `retention: off`
     ({"older_than": "90d", "keep_newest": 20, "every": "30m", "max_rows": 5000,
-      "duty_cycle": 1},
-     RetentionConfig(timedelta(days=90), 20, timedelta(minutes=30), 5000, 1.0)),
+      "duty_cycle": 1, "batch_rows": 200},
+     RetentionConfig(timedelta(days=90), 20, timedelta(minutes=30), 5000, 1.0, 200)),
     ({}, RetentionConfig()),
     (True, RetentionConfig(older_than=timedelta(days=180), keep_newest=100,
                            every=timedelta(hours=1), max_rows=100_000, duty_cycle=0.25)),
@@ -814,6 +814,7 @@ def test_retention_is_off_unless_configured(tmp_path: Path, section: Any,
     ({"keep_newest": 0}, "retention.keep_newest: must be a positive integer, got 0"),
     ({"every": "0s"}, "retention.every: must be longer than zero"),
     ({"duty_cycle": 0}, "retention.duty_cycle: must be a positive number, got 0"),
+    ({"batch_rows": 0}, "retention.batch_rows: must be a positive integer, got 0"),
     ({"duty_cycle": 1.5}, "retention.duty_cycle: must be a share of time above 0 and at "
                           "most 1 (e.g. 0.25), got 1.5"),
     ({"duty_cycle": "half"}, "retention.duty_cycle: must be a positive number, got 'half'"),

@@ -416,6 +416,25 @@ async def _rounds(db: Database, history: str) -> None:
     assert metrics.ROWS_PAST_RETENTION.labels(table="request")._value.get() == 0
 
 
+def test_a_workers_round_holds_its_lock_on_no_pooled_connection(history: str) -> None:
+    """A round lasts minutes at its duty cycle: its lock is held on a connection of its
+    own, so the stages keep the whole pool (here a pool of one, which a round holding a
+    pooled connection would wait on for its own batches)."""
+    async def main() -> dict[str, Any] | None:
+        database = await Database.open(history, max_size=1, acquire_timeout=5)
+        try:
+            config = RetentionConfig(older_than=timedelta(days=180), keep_newest=2)
+            deps: Any = type("Deps", (), {"db": database,
+                                          "queues": type("Q", (), {"retention": config})()})()
+            await retention.apply_retention(deps, _no_publish)
+            return await database.retention.last_round()
+        finally:
+            await database.close()
+    last = asyncio.run(main())
+    assert last is not None and last["finished_at"] is not None
+    assert sum(last["deleted"].values()) == sum(DELETED.values())
+
+
 async def _no_publish(*args: Any) -> None:
     raise AssertionError("retention publishes nothing")
 

@@ -19,6 +19,7 @@ import psycopg
 from streams.cli.common import json_option, open_db, queues_option, run_async
 from streams.config.queues import load_queues
 from streams.config.retention import (
+    DEFAULT_BATCH_ROWS,
     DEFAULT_DUTY_CYCLE,
     DEFAULT_KEEP_NEWEST,
     check_duty_cycle,
@@ -66,34 +67,40 @@ def _duty_cycle(ctx: click.Context, param: click.Parameter,
               help="Share of the time spent deleting, resting the rest between batches so "
                    "the pipeline keeps its pace; 1: no rest [default: retention.duty_cycle "
                    f"in queues.yaml, else {DEFAULT_DUTY_CYCLE}].")
+@click.option("--batch-rows", type=click.IntRange(min=1), default=None,
+              help="Rows one batch (one short transaction) deletes, about [default: "
+                   f"retention.batch_rows in queues.yaml, else {DEFAULT_BATCH_ROWS}].")
 @queues_option
 @json_option
 def prune_command(older_than: timedelta, dry_run: bool, keep_newest: int | None,
-                  max_rows: int | None, duty_cycle: float | None, queues_file: Path | None,
-                  as_json: bool) -> None:
+                  max_rows: int | None, duty_cycle: float | None, batch_rows: int | None,
+                  queues_file: Path | None, as_json: bool) -> None:
     """Delete facts, Requests and the rest of the history older than --older-than, in
     small batches, keeping whatever a gate or a person still needs: bookmarks, pins and
     promotion targets, the newest facts of each queue and project, anything not
     terminal, culprit searches, undecided project plans, unsent notifications."""
-    if keep_newest is None or duty_cycle is None:
+    if keep_newest is None or duty_cycle is None or batch_rows is None:
         config = load_queues(queues_file).retention
         if keep_newest is None:
             keep_newest = config.keep_newest if config is not None else DEFAULT_KEEP_NEWEST
         if duty_cycle is None:
             duty_cycle = config.duty_cycle if config is not None else DEFAULT_DUTY_CYCLE
+        if batch_rows is None:
+            batch_rows = config.batch_rows if config is not None else DEFAULT_BATCH_ROWS
     policy, pace = Policy(older_than, keep_newest), Pace(duty_cycle)
 
     async def run() -> PruneReport:
         db = await open_db(pool_size=3)
         try:
             if dry_run:
-                return await prune(db, policy, dry_run=True, pace=pace)
+                return await prune(db, policy, dry_run=True, pace=pace, batch=batch_rows)
             async with db.try_exclusive(LOCK) as mine:
                 if not mine:
                     raise click.ClickException(
                         "a retention round is running (a worker's, or another prune); "
                         "try again when it has ended")
-                return await prune(db, policy, max_rows=max_rows, pace=pace)
+                return await prune(db, policy, max_rows=max_rows, pace=pace,
+                                   batch=batch_rows)
         except psycopg.errors.UndefinedTable:
             raise click.ClickException(
                 "the database has no Stovepipe schema in its search_path, or an older one: "

@@ -7,6 +7,7 @@
       every: 1h          # a round this often, by one worker at a time
       max_rows: 100000   # rows one round deletes at most; the rest waits for the next
       duty_cycle: 0.25   # share of a round's time spent deleting; it rests the rest
+      batch_rows: 1000   # rows one batch (one statement, one transaction) deletes, about
 
 Off when the section is absent, null or ``off``; ``on`` (or ``{}``) takes every default.
 `stovepipe prune` works either way, and takes ``keep_newest`` from here.
@@ -31,6 +32,7 @@ DEFAULT_MAX_ROWS = 100_000
 # a round deleting without rest stretched ingest → fact p99 by half on 2 cores
 # (bench/prune_bench.py); a quarter of the time leaves it within noise of idle
 DEFAULT_DUTY_CYCLE = 0.25
+DEFAULT_BATCH_ROWS = 1000
 
 
 def check_older_than(value: timedelta) -> timedelta:
@@ -63,6 +65,7 @@ class RetentionFields(Section):
     every: Duration = DEFAULT_EVERY
     max_rows: PositiveInt = DEFAULT_MAX_ROWS
     duty_cycle: DutyCycle = DEFAULT_DUTY_CYCLE
+    batch_rows: PositiveInt = DEFAULT_BATCH_ROWS
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class RetentionConfig:
     every: timedelta = DEFAULT_EVERY
     max_rows: int = DEFAULT_MAX_ROWS
     duty_cycle: float = DEFAULT_DUTY_CYCLE
+    batch_rows: int = DEFAULT_BATCH_ROWS
 
 
 def load_retention(raw: Any, problems: Problems) -> RetentionConfig | None:
@@ -88,4 +92,4 @@ def load_retention(raw: Any, problems: Problems) -> RetentionConfig | None:
         return None
     return RetentionConfig(older_than=fields.older_than, keep_newest=fields.keep_newest,
                            every=fields.every, max_rows=fields.max_rows,
-                           duty_cycle=fields.duty_cycle)
+                           duty_cycle=fields.duty_cycle, batch_rows=fields.batch_rows)

@@ -42,6 +42,7 @@ from typing import Any
 from store import Database, Request, split_scope
 from store.retention import WALKED_TABLES, Family, RetentionStore
 from store.webhook_deliveries import KEEP_DELIVERIES
+from streams.config.retention import DEFAULT_BATCH_ROWS
 from streams.runtime import metrics
 from streams.runtime.stage import Publisher
 from streams.stages import retention_rules as rules
@@ -52,7 +53,7 @@ from streams.stages.retention_rules import Keep, Policy
 log = logging.getLogger("stovepipe.retention")
 
 LOCK = "retention"  # one round at a time, across workers and `stovepipe prune`
-BATCH = 1000  # rows one batch deletes (about): one table's, or Requests' with their rows
+BATCH = DEFAULT_BATCH_ROWS  # rows a batch deletes (about): a table's, or Requests' with theirs
 # a Request goes with its ingest mapping and usually a build, a fact and a notification:
 # a batch of Requests is BATCH // ROWS_PER_REQUEST of them
 ROWS_PER_REQUEST = 5
@@ -274,15 +275,16 @@ async def apply_retention(deps: Deps, publish: Publisher) -> None:
     if config is None:
         return
     store = deps.db.retention
-    async with deps.db.try_exclusive(LOCK) as mine:
+    async with deps.db.try_exclusive(LOCK, dedicated=True) as mine:
         if mine and await store.claim_round(config.every.total_seconds()) is not None:
             policy = Policy(config.older_than, config.keep_newest)
             pace = Pace(config.duty_cycle)
-            report = await prune(deps.db, policy, max_rows=config.max_rows, pace=pace)
+            report = await prune(deps.db, policy, max_rows=config.max_rows, pace=pace,
+                                 batch=config.batch_rows)
             left: Counter[str] = Counter()
             if not report.finished:
                 left = (await prune(deps.db, policy, dry_run=True, cutoff=report.cutoff,
-                                    pace=pace)).deleted
+                                    pace=pace, batch=config.batch_rows)).deleted
             await store.finish_round(report.cutoff, _by_table(report.deleted),
                                      _by_table(left))
             for table, count in report.deleted.items():
