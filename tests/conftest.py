@@ -54,10 +54,15 @@ SESSION_ENV = "PYTEST_STOVEPIPE_SESSION"
 # exported at import, before any fixture or test starts a process: all of them inherit it
 os.environ[SESSION_ENV] = uuid.uuid4().hex
 LEFTOVER_GRACE = 15.0  # seconds the session's last processes get to finish stopping
-# modules taking minutes (a loaded machine's `--durations`), longest first
-LONGEST_MODULES = ("test_faults.py", "test_pipeline_model.py", "test_dependency_outages.py",
-                   "test_pipeline_e2e.py", "test_hosted_budget.py", "test_credentials.py",
-                   "test_notify_pipeline.py", "test_restore_replay.py", "test_gate.py")
+# modules taking minutes, longest first (test-artifacts/module-seconds.txt of a fresh
+# clone's `make test`: test_faults 546 s, test_dependency_outages 386, test_hosted_budget
+# 329, test_buildkite_runner 199, test_pipeline_e2e 165, test_notify_pipeline 163)
+LONGEST_MODULES = ("test_faults.py", "test_dependency_outages.py", "test_hosted_budget.py",
+                   "test_buildkite_runner.py", "test_pipeline_e2e.py",
+                   "test_notify_pipeline.py", "test_culprits_e2e.py", "test_pin_outcomes.py",
+                   "test_liveness.py", "test_demo.py", "test_secure_kafka.py",
+                   "test_retention_e2e.py", "test_credentials.py", "test_project_pins.py",
+                   "test_restore_replay.py")
 
 
 # --- no test leaves a process behind ---------------------------------------------------------

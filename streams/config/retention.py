@@ -29,8 +29,8 @@ DEFAULT_OLDER_THAN = timedelta(days=180)
 DEFAULT_KEEP_NEWEST = 100
 DEFAULT_EVERY = timedelta(hours=1)
 DEFAULT_MAX_ROWS = 100_000
-# a round deleting without rest stretched ingest → fact p99 by half on 2 cores
-# (bench/prune_bench.py); a quarter of the time leaves it within noise of idle
+# a quarter of the time: ingest → fact p50 unmoved beside a round on 2 cores, p99 1.29x
+# idle (1.33x and p50 +43 % without rest; bench/prune_bench.py, docs/benchmarks.md)
 DEFAULT_DUTY_CYCLE = 0.25
 DEFAULT_BATCH_ROWS = 1000
 

@@ -17,12 +17,13 @@ batches of at most `BATCH` rows, each its own short transaction (store.retention
 Pacing: one batch (about `BATCH` rows) at a time on the worker's (or the command's) pool,
 and after each batch the round rests in proportion to the time it was busy, so that it
 works `Pace.duty_cycle` of its time (`retention.duty_cycle`, `--duty-cycle`): the stages
-share the database, the pool and (in a worker) the event loop with it, and a round that
-never rested took a third of a small deployment's CPU and stretched ingest → fact p99 by
-half (bench/prune_bench.py, docs/benchmarks.md). A round stops once it deleted ``max_rows``
-rows (its last batches shrink to fit, give or take a Request's rows); the rest waits for
-the next round. A batch that meets a lock (or a pin being taken) is skipped, never
-waited for, and found again by the next round.
+share the database and (in a worker) the event loop with it: a round that never rests
+moved ingest → fact p50 by +43 % on 2 cores, one at 0.25 left it where it was idle
+(bench/prune_bench.py, docs/benchmarks.md). A worker holds the round's lock on a
+connection of its own, so the stages keep their whole pool. A round stops once it
+deleted ``max_rows`` rows (its last batches shrink to fit, give or take a Request's
+rows); the rest waits for the next round. A batch that meets a lock (or a pin being
+taken) is skipped, never waited for, and found again by the next round.
 
 Invariant: what a round deletes is older than its cutoff and named by nothing that stays;
 a dry run counts what the same round would delete.
