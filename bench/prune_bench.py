@@ -49,6 +49,7 @@ from typing import Any
 import pipeline_bench as pb
 import psycopg
 import yaml
+from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -73,11 +74,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (position - low) * (ordered[high] - ordered[low])
 
 
-def write_old_history(dep: pb.Deployment, queues: list[str], rows: int) -> int:
+def write_old_history(dep: pb.Deployment, queues: list[str], rows: int,
+                      autovacuum: bool) -> int:
     per_queue = max(1, round(rows / ROWS_PER_REQUEST / len(queues)))
     written = 0
     started = time.monotonic()
     with psycopg.connect(dep.dsn, autocommit=True) as conn:
+        if not autovacuum:  # a diagnosis: how much of the cost is vacuum's
+            for (table,) in conn.execute(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+                    ).fetchall():
+                conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)")
+                             .format(sql.Identifier(table)))
         for queue in queues:
             written += sum(old_history(conn, queue, first=1, count=per_queue,
                                        age=AGE).values())
@@ -204,7 +212,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
                           "max_rows": max(1, args.rows * 2),
                           "duty_cycle": args.duty_cycle,
                           "batch_rows": args.batch_rows}}))
-        write_old_history(dep, queues, args.rows)
+        write_old_history(dep, queues, args.rows, args.autovacuum)
         dep.start_worker(None)
         dep.wait_metrics()
         result = asyncio.run(drive(args, dep, queues))
@@ -230,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--batch-rows", type=int, default=DEFAULT_BATCH_ROWS,
                    help="rows a batch of the round deletes")
+    p.add_argument("--no-autovacuum", dest="autovacuum", action="store_false",
+                   help="turn autovacuum off on the deployment's tables (a diagnosis)")
     p.add_argument("--interval", type=float, default=0.0,
                    help="seconds between a chain's heads at least (0: closed loop, the next "
                         "head as soon as the fact is there: the machine saturated)")
