@@ -339,6 +339,20 @@ def _keys(request_ids: Iterable[str]) -> tuple[list[str], list[str]]:
     return [rid.removeprefix("request/").rsplit("/", 1)[0] for rid in ids], ids
 
 
+def fact_latencies(dsn: str, started: dict[str, float], ids: list[str],
+                   window: tuple[float, float] | None = None) -> list[float]:
+    """Ingest start → whole-repository fact of each Request of ``ids`` that has one (only
+    those ingested within ``window``, epoch seconds, when given)."""
+    with psycopg.connect(dsn) as conn:
+        facts = dict(conn.execute(
+            "SELECT f.request_id, EXTRACT(EPOCH FROM f.created_at)::float8"
+            " FROM unnest(%s::text[], %s::text[]) AS k(queue, id)"
+            " JOIN validation_fact f ON f.queue = k.queue AND f.request_id = k.id"
+            " AND f.project = ''", _keys(ids)).fetchall())
+    return [facts[rid] - started[rid] for rid in ids if rid in facts
+            and (window is None or window[0] <= started[rid] <= window[1])]
+
+
 class Watcher:
     """Resolves futures when Requests become terminal or get their fact (one poller)."""
 

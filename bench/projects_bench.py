@@ -153,15 +153,6 @@ def diffs(dep: pb.Deployment) -> float:
                if sample == "stovepipe_affected_diffs_total")
 
 
-def fact_latencies(dep: pb.Deployment, started: dict[str, float],
-                   ids: list[str]) -> list[float]:
-    with psycopg.connect(dep.dsn) as conn:
-        facts = dict(conn.execute(
-            "SELECT request_id, EXTRACT(EPOCH FROM created_at)::float8 FROM validation_fact"
-            " WHERE request_id = ANY(%s) AND project = ''", (ids,)).fetchall())
-    return [facts[rid] - started[rid] for rid in ids]
-
-
 async def run_phase(drv: Driver, phase: Phase, projects: int,
                     rng: random.Random) -> Measured:
     dep = drv.dep
@@ -180,7 +171,7 @@ async def run_phase(drv: Driver, phase: Phase, projects: int,
     await drv.watcher.wait("terminal", ids[-1])
     await asyncio.sleep(1.0)  # the last head's trailing writes (bookmark, notifications)
     rows1, cpu1, diffs1 = row_counts(dep), worker_cpu(dep.worker.pid), diffs(dep)
-    lat = fact_latencies(dep, drv.ingest_started, ids)
+    lat = pb.fact_latencies(dep.dsn, drv.ingest_started, ids)
     n = phase.heads
     written = sum(max(0, rows1[t] - rows0.get(t, 0)) for t in rows1)
     builds = rows1.get("build", 0) - rows0.get("build", 0)

@@ -117,16 +117,6 @@ async def chains(drv: pb.Driver, queues: list[str], *, interval: float,
     return ids
 
 
-def latencies(dep: pb.Deployment, started: dict[str, float], ids: list[str],
-              window: tuple[float, float] | None = None) -> list[float]:
-    with psycopg.connect(dep.dsn) as conn:
-        facts = dict(conn.execute(
-            "SELECT request_id, EXTRACT(EPOCH FROM created_at)::float8 FROM validation_fact"
-            " WHERE request_id = ANY(%s)", (ids,)).fetchall())
-    return [facts[rid] - started[rid] for rid in ids if rid in facts
-            and (window is None or window[0] <= started[rid] <= window[1])]
-
-
 def round_row(dep: pb.Deployment) -> tuple[Any, ...] | None:
     with psycopg.connect(dep.dsn) as conn:
         return conn.execute(
@@ -142,7 +132,7 @@ async def drive(args: argparse.Namespace, dep: pb.Deployment,
             await chains(drv, [queue], each=3, interval=0)
         idle_ids = await chains(drv, queues, each=args.idle_requests,
                                 interval=args.interval)
-        idle = latencies(dep, drv.ingest_started, idle_ids)
+        idle = pb.fact_latencies(dep.dsn, drv.ingest_started, idle_ids)
         log(f"idle: {len(idle)} Requests, p50 {percentile(idle, .5) * 1000:.0f} ms, "
             f"p99 {percentile(idle, .99) * 1000:.0f} ms")
 
@@ -187,7 +177,8 @@ async def drive(args: argparse.Namespace, dep: pb.Deployment,
             assert row is not None
             began, ended = row[0], row[1]
             deleted = sum(int(n) for n in row[2].values())
-        pruning = latencies(dep, drv.ingest_started, pruning_ids, (began, ended))
+        pruning = pb.fact_latencies(dep.dsn, drv.ingest_started, pruning_ids,
+                                     (began, ended))
         seconds = ended - began
         log(f"pruning: {deleted:,} rows in {seconds:.1f} s ({deleted / seconds:,.0f} rows/s);"
             f" {len(pruning)} Requests ingested meanwhile, p50 "

@@ -22,6 +22,7 @@ from streams.config.retention import (
     DEFAULT_BATCH_ROWS,
     DEFAULT_DUTY_CYCLE,
     DEFAULT_KEEP_NEWEST,
+    RetentionConfig,
     check_duty_cycle,
     check_older_than,
 )
@@ -79,15 +80,14 @@ def prune_command(older_than: timedelta, dry_run: bool, keep_newest: int | None,
     small batches, keeping whatever a gate or a person still needs: bookmarks, pins and
     promotion targets, the newest facts of each queue and project, anything not
     terminal, culprit searches, undecided project plans, unsent notifications."""
+    # what the options leave out comes from queues.yaml's retention (its defaults when off)
+    config = RetentionConfig()
     if keep_newest is None or duty_cycle is None or batch_rows is None:
-        config = load_queues(queues_file).retention
-        if keep_newest is None:
-            keep_newest = config.keep_newest if config is not None else DEFAULT_KEEP_NEWEST
-        if duty_cycle is None:
-            duty_cycle = config.duty_cycle if config is not None else DEFAULT_DUTY_CYCLE
-        if batch_rows is None:
-            batch_rows = config.batch_rows if config is not None else DEFAULT_BATCH_ROWS
-    policy, pace = Policy(older_than, keep_newest), Pace(duty_cycle)
+        config = load_queues(queues_file).retention or config
+    policy = Policy(older_than, config.keep_newest if keep_newest is None else keep_newest)
+    pace = Pace(config.duty_cycle if duty_cycle is None else duty_cycle)
+    if batch_rows is None:
+        batch_rows = config.batch_rows
 
     async def run() -> PruneReport:
         db = await open_db(pool_size=3)

@@ -109,8 +109,9 @@ PROJECTS_PLANNED = Counter(
 )
 AFFECTED_DIFFS = Counter(
     "stovepipe_affected_diffs_total",
-    "Diffs the analyze stage asked the source control for: one per distinct base of a "
-    "head's projects (their nearest validated ancestors), not one per project or commit.",
+    "Diffs the analyze stage asked the source control for: one from the previous planned "
+    "head in a chain of heads, else one per distinct base (nearest validated ancestor) of "
+    "the head's projects; never one per project or commit.",
     ["queue"],
 )
 BACKSTOP_MISSES = Counter(

@@ -156,7 +156,7 @@ def plan_projects(rules: Mapping[str, PathRules], bases: Mapping[str, Base | Non
     base B (inherited from B, or built at H' = B), H' an ancestor of the head H: no file
     of it differs between B and H', so one that differs between B and H differs between
     H' and H — and H'..H is one diff for every such project (`streams.stages.analyze`)."""
-    via = dict(diffed_from or {})
+    via = diffed_from or {}
 
     def source(project: str, base: Base) -> str:
         return via.get(project, base.uri)

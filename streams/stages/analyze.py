@@ -114,7 +114,8 @@ class _Planned:
 
 
 async def _compute(deps: Deps, request: Request, config: QueueConfig) -> _Planned:
-    """Each project's base, the changes from each base to the head, and the plan."""
+    """Each project's base, the changes that decide it (from the previous planned head or
+    from its base), and the plan."""
     projects = list(config.projects)
     bases = await deps.db.projects.bases(request.queue, projects, request.id)
     previous = await deps.db.projects.previous_plan(request.queue, request.id)
@@ -128,8 +129,8 @@ async def _compute(deps: Deps, request: Request, config: QueueConfig) -> _Planne
         # diff from that head decides them all (`plan_projects` says why that is sound)
         via = [p for p, b in bases.items() if previous.sources.get(p) == b.request_id]
         if via:
-            since, diffs = await _changes(source_control, previous.uri, request.uri,
-                                          limit), 1
+            since = await _changes(source_control, previous.uri, request.uri, limit)
+            diffs += 1
             if since.paths is not None:  # else (rewritten away, too large): their bases
                 changes[previous.uri] = since
                 diffed_from = dict.fromkeys(via, previous.uri)
